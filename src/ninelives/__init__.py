@@ -1,0 +1,82 @@
+"""ninelives: a durable runtime for AI agent tasks that survives SIGKILL.
+
+Open a database, create a task from a plan and run it; a killed run resumes
+where it stopped, and side effects happen once in outcome::
+
+    import ninelives
+
+    with ninelives.open("state.db") as rt:
+        rt.create("demo", "plan.json")
+        rt.run("demo")
+        print(rt.status("demo").status)
+
+Importing this package stays cheap: the runtime and the backends load on use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .errors import (
+    CommitUnknown,
+    InputError,
+    InvalidTaskId,
+    LeaseLost,
+    NineLivesError,
+    PlanError,
+    StoreError,
+    TaskBusy,
+    TaskExists,
+    TaskFailed,
+    ToolError,
+    UnknownTask,
+)
+from .models import Event, EventKind, Run, Step, StepStatus, Task, TaskStatus
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CommitUnknown",
+    "Event",
+    "EventKind",
+    "InputError",
+    "InvalidTaskId",
+    "LeaseLost",
+    "NineLivesError",
+    "PlanError",
+    "Run",
+    "Runtime",
+    "Step",
+    "StepStatus",
+    "StoreError",
+    "Task",
+    "TaskBusy",
+    "TaskExists",
+    "TaskFailed",
+    "TaskStatus",
+    "ToolError",
+    "UnknownTask",
+    "__version__",
+    "open",
+]
+
+
+def open(url: str = "state.db", **kwargs: Any) -> Runtime:
+    """Open a database and return a :class:`~ninelives.runtime.Runtime` over it.
+
+    See :func:`ninelives.runtime.open` for the keyword arguments.
+    """
+    from .runtime import open as _open
+
+    return _open(url, **kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Runtime":
+        from .runtime import Runtime
+
+        return Runtime
+    raise AttributeError(f"module 'ninelives' has no attribute {name!r}")

@@ -1,0 +1,56 @@
+"""Named crash points: where ``AGENT_CRASH_AT=POINT:IDX`` SIGKILLs the process.
+
+A crash point is a named boundary in the runtime. Tests set ``AGENT_CRASH_AT``
+to kill the process exactly there, instead of sleeping and hoping. Every point
+is registered in :data:`POINTS`, so a test can check that the suite exercises
+each one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+#: Every crash point, with the boundary it stands for.
+POINTS: dict[str, str] = {
+    "before_effect": "after the step's `running` commit, before the tool runs",
+    "after_effect": "after the tool returned, before the `done` commit",
+    "after_commit": "after the step's `done` commit",
+    "artifact_before_link": "write_artifact: temp file written and fsynced, not yet linked",
+    "artifact_before_dirsync": "write_artifact: final name linked, folder not yet fsynced",
+    "create_before_commit": "create: task, steps and task_created written, not committed",
+    "recovery_before_commit": "run start: steps recovered and run_started written, not committed",
+    "migration_before_commit": "schema migration applied, not committed",
+}
+
+_target: tuple[str, int | None] | None = None
+_parsed_from: str | None = None
+
+
+def parse(value: str) -> tuple[str, int | None]:
+    """Parse ``POINT`` or ``POINT:IDX``; raise ValueError for an unknown point."""
+    point, sep, idx = value.partition(":")
+    if point not in POINTS:
+        raise ValueError(f"unknown crash point {point!r} (known: {', '.join(POINTS)})")
+    if not sep:
+        return point, None
+    if not idx.isdigit():
+        raise ValueError(f"crash point step must be a number, got {idx!r}")
+    return point, int(idx)
+
+
+def crash(point: str, step: int | None = None) -> None:
+    """SIGKILL this process if ``AGENT_CRASH_AT`` names this point (and step).
+
+    ``POINT`` alone matches every step; ``POINT:IDX`` matches step IDX only.
+    """
+    global _target, _parsed_from
+    value = os.environ.get("AGENT_CRASH_AT", "")
+    if not value:
+        return
+    if value != _parsed_from:
+        _target, _parsed_from = parse(value), value
+    assert _target is not None
+    name, idx = _target
+    if name == point and (idx is None or idx == step):
+        os.kill(os.getpid(), signal.SIGKILL)

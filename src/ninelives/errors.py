@@ -1,0 +1,78 @@
+"""The one exception tree of ninelives.
+
+Every error the library raises on purpose derives from :class:`NineLivesError`;
+the CLI maps each branch to one exit code in one place (``cli.EXIT_CODES``)::
+
+    NineLivesError
+    ├── InputError                 bad input; nothing stored was changed
+    │   ├── PlanError              plan file missing, malformed or invalid
+    │   ├── InvalidTaskId          an id that is not plain data
+    │   └── TaskExists             create of an id that is already stored
+    ├── UnknownTask                no task with that id
+    ├── TaskBusy                   another live runner holds the task
+    │   └── LeaseLost              this runner's claim was taken over (fenced)
+    ├── TaskFailed                 a step reached the attempt limit
+    ├── StoreError                 the database cannot be used
+    │   └── CommitUnknown          a write failed mid-commit; its outcome is unknown
+    └── ToolError                  a tool refused its input or its effect conflicts
+
+Driver exceptions (``sqlite3.Error``, ``psycopg.Error``) never leave a store:
+they are translated at the store boundary and chained with ``from exc``.
+"""
+
+from __future__ import annotations
+
+
+class NineLivesError(Exception):
+    """Root of every error ninelives raises on purpose."""
+
+
+class InputError(NineLivesError):
+    """The caller's input is wrong; nothing stored was changed."""
+
+
+class PlanError(InputError):
+    """A plan file is missing, is not JSON, has the wrong shape or is invalid."""
+
+
+class InvalidTaskId(InputError):
+    """A task id that could name a path or is otherwise not plain data."""
+
+
+class TaskExists(InputError):
+    """``create`` of a task id that is already stored; the original is untouched."""
+
+
+class UnknownTask(NineLivesError):
+    """No task with this id is stored."""
+
+
+class TaskBusy(NineLivesError):
+    """Another live process holds this task (kernel lock or unexpired lease)."""
+
+
+class LeaseLost(TaskBusy):
+    """This runner's lease epoch is no longer current: another runner took the task.
+
+    Raised instead of committing; the fenced runner has written nothing false.
+    """
+
+
+class TaskFailed(NineLivesError):
+    """A step reached the attempt limit; the task is ``failed``."""
+
+
+class StoreError(NineLivesError):
+    """The database cannot be opened or used (missing folder, corrupt, not a database)."""
+
+
+class CommitUnknown(StoreError):
+    """A write transaction failed with an I/O error: it may or may not be durable.
+
+    The runner stops at once and never retries; the next ``run`` recovers from
+    whatever the database holds.
+    """
+
+
+class ToolError(NineLivesError):
+    """A tool refused its input or found a conflicting effect; recorded as ``step_error``."""

@@ -1,0 +1,142 @@
+"""Records read back from a store: frozen, keyword-only dataclasses and status Enums."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+
+class TaskStatus(str, Enum):
+    """Lifecycle of a task; stored as its value in ``tasks.status``."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class StepStatus(str, Enum):
+    """Lifecycle of a step; stored as its value in ``steps.status``.
+
+    ``pending -> running`` is committed before the tool runs and
+    ``running -> done`` (with the output) after it; a step found ``running``
+    at the start of a run is put back to ``pending`` (``step_recovered``).
+    """
+
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class EventKind(str, Enum):
+    """Journal event kinds of the contract. Stores keep ``kind`` as plain text,
+    so journals written by later versions with more kinds still read back."""
+
+    TASK_CREATED = "task_created"
+    STEP_RECOVERED = "step_recovered"
+    RUN_STARTED = "run_started"
+    STEP_STARTED = "step_started"
+    STEP_FINISHED = "step_finished"
+    STEP_ERROR = "step_error"
+    TASK_DONE = "task_done"
+    TASK_FAILED = "task_failed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Step:
+    """One step of a stored plan and its progress."""
+
+    task_id: str
+    idx: int
+    tool: str
+    input: dict[str, Any]
+    status: StepStatus
+    output: dict[str, Any] | None
+    attempts: int
+
+    def as_status(self) -> dict[str, Any]:
+        """The step as ``status`` prints it (the contract's four keys)."""
+        return {
+            "idx": self.idx,
+            "tool": self.tool,
+            "status": self.status.value,
+            "attempts": self.attempts,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Task:
+    """A stored task with its whole plan, in step order."""
+
+    id: str
+    goal: str
+    status: TaskStatus
+    created_at: float
+    updated_at: float
+    steps: tuple[Step, ...]
+    lease_epoch: int = 0
+
+    def as_status(self) -> dict[str, Any]:
+        """The task as ``status --json`` prints it."""
+        return {
+            "task": self.id,
+            "goal": self.goal,
+            "status": self.status.value,
+            "steps": [s.as_status() for s in self.steps],
+        }
+
+    def outputs(self) -> dict[int, Any]:
+        """Committed outputs of the done steps, by index (the tools' ``ctx``)."""
+        return {s.idx: s.output for s in self.steps if s.status is StepStatus.DONE}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """One journal row. ``kind`` stays a string: unknown kinds read back as-is."""
+
+    seq: int
+    ts: float
+    task_id: str
+    run_id: str
+    kind: str
+    step_idx: int | None
+    data: dict[str, Any]
+
+    def as_export(self) -> dict[str, Any]:
+        """The event as ``export`` prints it: fixed keys first, then its data."""
+        row: dict[str, Any] = {
+            "seq": self.seq,
+            "ts": self.ts,
+            "run": self.run_id,
+            "kind": self.kind,
+            "step": self.step_idx,
+        }
+        for key, value in self.data.items():
+            row.setdefault(key, value)
+        return row
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    """A runner's hold on a task: its run id and the lease epoch it must still own.
+
+    Every write a runner makes is conditional on ``epoch`` being the task's
+    current ``lease_epoch`` (fencing); ``recovered`` lists the steps that the
+    run found ``running`` and put back to ``pending``.
+    """
+
+    task_id: str
+    run_id: str
+    epoch: int
+    recovered: tuple[int, ...]
+
+
+def load_json_object(text: str | None) -> dict[str, Any]:
+    """Decode a stored JSON object column; ``NULL`` or empty reads as ``{}``."""
+    if not text:
+        return {}
+    value = json.loads(text)
+    return value if isinstance(value, dict) else {"value": value}

@@ -1,0 +1,140 @@
+"""Plan files: parsing and validation (pure apart from reading the file).
+
+A plan is ``{"goal": str, "steps": [{"tool": str, "input": {...}}, ...]}``.
+``"from": N`` in a step's input names the committed output of an earlier step.
+Everything that can be checked before running is checked here, at ``create``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import PlanError
+
+MAX_PLAN_BYTES = 1 << 20
+MAX_DEPTH = 32
+MAX_STEPS = 10_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepSpec:
+    """One planned step: the tool's name and its JSON input."""
+
+    tool: str
+    input: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """A whole plan, as stored at ``create`` and never recomputed."""
+
+    goal: str
+    steps: tuple[StepSpec, ...]
+
+
+def _reject_constant(name: str) -> Any:
+    raise PlanError(f"plan is not valid JSON: {name} is not allowed")
+
+
+def _depth(value: Any) -> int:
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        deepest = max(deepest, level)
+        if isinstance(item, dict):
+            stack.extend((v, level + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, level + 1) for v in item)
+    return deepest
+
+
+def parse_plan(text: str | bytes) -> Plan:
+    """Parse plan JSON and check its shape (not its tools: see :func:`validate`)."""
+    if len(text) > MAX_PLAN_BYTES:
+        raise PlanError(f"plan is larger than {MAX_PLAN_BYTES} bytes")
+    try:
+        raw = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise PlanError(f"plan is nested more than {MAX_DEPTH} levels deep") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise PlanError(f"plan is not valid JSON: {exc}") from None
+    if _depth(raw) > MAX_DEPTH:
+        raise PlanError(f"plan is nested more than {MAX_DEPTH} levels deep")
+    return plan_from_dict(raw)
+
+
+def plan_from_dict(raw: Any) -> Plan:
+    """Build a :class:`Plan` from decoded JSON, checking its shape."""
+    if not isinstance(raw, dict):
+        raise PlanError("plan must be a JSON object with a 'steps' list")
+    goal = raw.get("goal", "")
+    if not isinstance(goal, str):
+        raise PlanError("plan 'goal' must be a string")
+    steps = raw.get("steps")
+    if not isinstance(steps, list):
+        raise PlanError("plan must have a 'steps' list")
+    if not steps:
+        raise PlanError("plan has no steps")
+    if len(steps) > MAX_STEPS:
+        raise PlanError(f"plan has more than {MAX_STEPS} steps")
+    specs = []
+    for idx, step in enumerate(steps):
+        if not isinstance(step, dict):
+            raise PlanError(f"step {idx} must be an object")
+        tool = step.get("tool")
+        if not isinstance(tool, str) or not tool:
+            raise PlanError(f"step {idx} has no tool")
+        step_input = step.get("input", {})
+        if not isinstance(step_input, dict):
+            raise PlanError(f"step {idx} input must be an object")
+        if "from" in step_input:
+            ref = step_input["from"]
+            if not isinstance(ref, int) or isinstance(ref, bool):
+                raise PlanError(f"step {idx} 'from' must be a step index")
+            if not 0 <= ref < idx:
+                raise PlanError(
+                    f"step {idx} 'from' is {ref}: it must name an earlier step (0..{idx - 1})"
+                    if idx
+                    else "step 0 'from' must name an earlier step, and there is none"
+                )
+        specs.append(StepSpec(tool=tool, input=step_input))
+    return Plan(goal=goal, steps=tuple(specs))
+
+
+def load_plan(path: str | os.PathLike[str]) -> Plan:
+    """Read and parse a plan file; every problem is a one-line :class:`PlanError`."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_PLAN_BYTES + 1)
+    except FileNotFoundError:
+        raise PlanError(f"plan file not found: {os.fspath(path)}") from None
+    except IsADirectoryError:
+        raise PlanError(f"plan file is a directory: {os.fspath(path)}") from None
+    except OSError as exc:
+        raise PlanError(f"cannot read plan file {os.fspath(path)}: {exc.strerror}") from None
+    return parse_plan(data)
+
+
+def validate(plan: Plan, lookup: Callable[[str], Any]) -> None:
+    """Check every step's tool exists and accepts its input.
+
+    ``lookup(name)`` returns a tool (see :mod:`ninelives.tools`) or raises
+    :class:`PlanError` for an unknown name.
+    """
+    for idx, step in enumerate(plan.steps):
+        tool = lookup(step.tool)
+        check = getattr(tool, "validate", None)
+        if check is not None:
+            try:
+                check(step.input)
+            except PlanError as exc:
+                raise PlanError(f"step {idx} ({step.tool}): {exc}") from None
+
+
+def as_mapping(plan: Plan) -> Mapping[str, Any]:
+    """The plan as plain JSON data."""
+    return {"goal": plan.goal, "steps": [{"tool": s.tool, "input": s.input} for s in plan.steps]}

@@ -1,0 +1,64 @@
+"""Runtime settings, read once from the ``AGENT_*`` environment of the contract."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+from . import crashpoints
+from .errors import InputError
+
+T = TypeVar("T", int, float)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Everything the runtime and the built-in tools read from the environment."""
+
+    max_attempts: int = 3
+    step_delay: float = 0.0
+    artifacts: str = "artifacts"
+    unsafe_effects: bool = False
+    llm: str = "stub"
+    ollama_url: str = "http://127.0.0.1:11434"
+    ollama_model: str = "llama3.2"
+    workspace: str = "."
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Read the contract's variables; a malformed value is an :class:`InputError`."""
+        env = os.environ if env is None else env
+        crash_at = env.get("AGENT_CRASH_AT", "")
+        if crash_at:
+            try:
+                crashpoints.parse(crash_at)
+            except ValueError as exc:
+                raise InputError(f"AGENT_CRASH_AT: {exc}") from None
+        return cls(
+            max_attempts=_number(env, "AGENT_MAX_ATTEMPTS", 3, int, minimum=1),
+            step_delay=_number(env, "AGENT_STEP_DELAY", 0.0, float, minimum=0),
+            artifacts=env.get("AGENT_ARTIFACTS") or "artifacts",
+            unsafe_effects=env.get("AGENT_UNSAFE_EFFECTS", "") not in ("", "0"),
+            llm=env.get("AGENT_LLM") or "stub",
+            ollama_url=env.get("OLLAMA_URL") or "http://127.0.0.1:11434",
+            ollama_model=env.get("OLLAMA_MODEL") or "llama3.2",
+            workspace=env.get("NINELIVES_WORKSPACE") or ".",
+        )
+
+
+def _number(
+    env: Mapping[str, str], name: str, default: T, kind: Callable[[str], T], minimum: float
+) -> T:
+    raw = env.get(name, "")
+    if not raw:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise InputError(f"{name} must be a number, got {raw!r}") from None
+    # NaN compares false with everything, so test the accepted range, not the refused one.
+    if not value >= minimum:
+        raise InputError(f"{name} must be at least {minimum}, got {raw!r}")
+    return value

@@ -1,0 +1,60 @@
+-- Named queries of the SQLite store. Each block starts with "-- name: NAME";
+-- postgres.sql has the same names, so a diff shows where the dialects differ.
+
+-- name: get_task
+SELECT id, goal, status, created_at, updated_at, lease_epoch FROM tasks WHERE id = :id;
+
+-- name: get_steps
+SELECT idx, tool, input, status, output, attempts FROM steps WHERE task_id = :id ORDER BY idx;
+
+-- name: task_ids
+SELECT id FROM tasks ORDER BY created_at, id;
+
+-- name: insert_task
+INSERT INTO tasks (id, goal, status, created_at, updated_at)
+VALUES (:id, :goal, 'pending', :now, :now);
+
+-- name: insert_step
+INSERT INTO steps (task_id, idx, tool, input, status, attempts)
+VALUES (:id, :idx, :tool, :input, 'pending', 0);
+
+-- name: insert_event
+INSERT INTO events (ts, task_id, run_id, kind, step_idx, data)
+VALUES (:now, :id, :run, :kind, :step, :data);
+
+-- name: claim
+UPDATE tasks
+SET lease_epoch = lease_epoch + 1,
+    status = CASE WHEN status = 'pending' THEN 'running' ELSE status END,
+    updated_at = :now
+WHERE id = :id
+RETURNING lease_epoch;
+
+-- name: running_steps
+SELECT idx FROM steps WHERE task_id = :id AND status = 'running' ORDER BY idx;
+
+-- name: recover_steps
+UPDATE steps SET status = 'pending' WHERE task_id = :id AND status = 'running';
+
+-- name: fence
+UPDATE tasks SET status = :status, updated_at = :now WHERE id = :id AND lease_epoch = :epoch;
+
+-- name: step_running
+UPDATE steps SET status = 'running', attempts = attempts + 1
+WHERE task_id = :id AND idx = :idx AND status = 'pending'
+RETURNING attempts;
+
+-- name: step_done
+UPDATE steps SET status = 'done', output = :output
+WHERE task_id = :id AND idx = :idx AND status = 'running';
+
+-- name: step_back
+UPDATE steps SET status = :status
+WHERE task_id = :id AND idx = :idx AND status = 'running'
+RETURNING attempts;
+
+-- name: step_failed
+UPDATE steps SET status = 'failed' WHERE task_id = :id AND idx = :idx;
+
+-- name: events
+SELECT seq, ts, task_id, run_id, kind, step_idx, data FROM events WHERE task_id = :id ORDER BY seq;

@@ -1,0 +1,359 @@
+"""The SQLite store: stdlib ``sqlite3`` in WAL mode with ``synchronous=FULL``.
+
+Connections use ``isolation_level=None`` and explicit ``BEGIN IMMEDIATE``: a
+deferred BEGIN that later needs the write lock fails at once with "database
+is locked" under contention, while BEGIN IMMEDIATE waits on the busy timeout,
+so many ``run`` processes can share one file. One host only: a per-task kernel
+lock (:mod:`ninelives.locking`) keeps two runners off the same task, and the
+lease epoch fences a runner whose lock file was replaced under it.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from .. import crashpoints
+from ..errors import CommitUnknown, LeaseLost, StoreError, TaskExists, UnknownTask
+from ..journal import dumps
+from ..locking import TaskLock
+from ..models import Event, EventKind, Run, Step, StepStatus, Task, TaskStatus, load_json_object
+from ..plan import Plan
+from . import sql
+
+Q = sql.load_queries("sqlite")
+BUSY_TIMEOUT = 60.0
+
+# Failures after which a write's outcome is unknown: the pages may or may not
+# have reached the disk, and SQLite may bring the row back after a crash.
+_UNKNOWN_OUTCOME = ("SQLITE_IOERR", "SQLITE_FULL", "SQLITE_CORRUPT", "SQLITE_CANTOPEN")
+_UNKNOWN_TEXT = ("disk i/o error", "disk is full", "malformed", "unable to open")
+
+
+def _error_name(exc: sqlite3.Error) -> str:
+    return getattr(exc, "sqlite_errorname", "") or ""
+
+
+def _describe(exc: sqlite3.Error) -> str:
+    return str(exc) or type(exc).__name__
+
+
+class SQLiteStore:
+    """A :class:`~ninelives.store.Store` on one SQLite file. Not thread-safe."""
+
+    dialect = "sqlite"
+
+    def __init__(self, path: str, *, busy_timeout: float = BUSY_TIMEOUT) -> None:
+        self.path = os.path.abspath(path)
+        self.url = path
+        folder = os.path.dirname(self.path)
+        if not os.path.isdir(folder):
+            raise StoreError(f"database folder does not exist: {os.path.dirname(path) or '.'}")
+        if os.path.isdir(self.path):
+            raise StoreError(f"database path is a directory: {path}")
+        self._locks: dict[str, TaskLock] = {}
+        self._create_private(self.path)
+        try:
+            self._conn = sqlite3.connect(
+                self.path, isolation_level=None, timeout=busy_timeout, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open database {path}: {_describe(exc)}") from exc
+        try:
+            self._configure()
+        except sqlite3.Error as exc:
+            self._conn.close()
+            raise StoreError(f"cannot use database {path}: {_describe(exc)}") from exc
+        except BaseException:
+            self._conn.close()
+            raise
+
+    @staticmethod
+    def _create_private(path: str) -> None:
+        # Create the file ourselves, readable by its owner only: SQLite gives
+        # the -wal and -shm files the same mode as the database.
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            return
+        except OSError as exc:
+            raise StoreError(f"cannot create database {path}: {exc.strerror}") from None
+        os.close(fd)
+
+    def _configure(self) -> None:
+        conn = self._conn
+        # Reading the header first: a file that is not a database fails here,
+        # before anything has been written to it.
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        steps = sql.migrations(self.dialect)
+        latest = steps[-1][0]
+        if version > latest:
+            raise StoreError(
+                f"database schema version {version} is newer than this ninelives ({latest})"
+            )
+        if version < latest:
+            self._migrate(steps)
+
+    def _migrate(self, steps: list[tuple[int, str, str]]) -> None:
+        with self._write() as conn:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            for number, _name, path in steps:
+                if number > version:
+                    for statement in sql.statements(path):
+                        conn.execute(statement)
+            crashpoints.crash("migration_before_commit")
+            conn.execute(f"PRAGMA user_version = {int(steps[-1][0])}")
+
+    # -- transactions -------------------------------------------------------
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot start a write on {self.url}: {_describe(exc)}") from exc
+        try:
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # already rolled back by SQLite, or the file is gone
+            if isinstance(exc, sqlite3.IntegrityError):
+                raise
+            if isinstance(exc, sqlite3.Error):
+                raise self._translate(exc) from exc
+            raise
+
+    def _translate(self, exc: sqlite3.Error) -> StoreError:
+        name, text = _error_name(exc), _describe(exc).lower()
+        if name.startswith(_UNKNOWN_OUTCOME) or any(t in text for t in _UNKNOWN_TEXT):
+            return CommitUnknown(
+                f"write to {self.url} failed ({_describe(exc)}); its outcome is unknown, "
+                "stopping now: the next run recovers"
+            )
+        return StoreError(f"database {self.url}: {_describe(exc)}")
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        conn = self._conn
+        try:
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read database {self.url}: {_describe(exc)}") from exc
+
+    @staticmethod
+    def _event(
+        conn: sqlite3.Connection,
+        task_id: str,
+        run_id: str,
+        kind: EventKind,
+        step: int | None = None,
+        data: dict[str, Any] | None = None,
+        now: float | None = None,
+    ) -> None:
+        conn.execute(
+            Q["insert_event"],
+            {
+                "now": time.time() if now is None else now,
+                "id": task_id,
+                "run": run_id,
+                "kind": kind.value,
+                "step": step,
+                "data": dumps(data or {}),
+            },
+        )
+
+    def _fence(self, conn: sqlite3.Connection, run: Run, status: TaskStatus, now: float) -> None:
+        cur = conn.execute(
+            Q["fence"], {"status": status.value, "now": now, "id": run.task_id, "epoch": run.epoch}
+        )
+        if cur.rowcount != 1:
+            raise LeaseLost(
+                f"task {run.task_id!r} was taken over by another runner (epoch {run.epoch} "
+                "is no longer current); this runner stops without writing"
+            )
+
+    # -- the Store protocol -------------------------------------------------
+
+    def create_task(self, task_id: str, plan: Plan) -> Task:
+        now = time.time()
+        run_id = os.urandom(16).hex()
+        try:
+            with self._write() as conn:
+                conn.execute(Q["insert_task"], {"id": task_id, "goal": plan.goal, "now": now})
+                conn.executemany(
+                    Q["insert_step"],
+                    [
+                        {"id": task_id, "idx": i, "tool": s.tool, "input": dumps(s.input)}
+                        for i, s in enumerate(plan.steps)
+                    ],
+                )
+                self._event(
+                    conn, task_id, run_id, EventKind.TASK_CREATED, None,
+                    {"steps": len(plan.steps)}, now,
+                )  # fmt: skip
+                crashpoints.crash("create_before_commit")
+        except sqlite3.IntegrityError as exc:
+            raise TaskExists(f"task {task_id!r} already exists") from exc
+        return self.get_task(task_id)
+
+    def get_task(self, task_id: str) -> Task:
+        with self._read() as conn:
+            return self._load(conn, task_id)
+
+    def _load(self, conn: sqlite3.Connection, task_id: str) -> Task:
+        row = conn.execute(Q["get_task"], {"id": task_id}).fetchone()
+        if row is None:
+            raise UnknownTask(f"unknown task {task_id!r}")
+        steps = tuple(
+            Step(
+                task_id=task_id,
+                idx=idx,
+                tool=tool,
+                input=load_json_object(raw_input),
+                status=StepStatus(status),
+                output=load_json_object(output) if output is not None else None,
+                attempts=attempts,
+            )
+            for idx, tool, raw_input, status, output, attempts in conn.execute(
+                Q["get_steps"], {"id": task_id}
+            )
+        )
+        return Task(
+            id=row[0],
+            goal=row[1],
+            status=TaskStatus(row[2]),
+            created_at=row[3],
+            updated_at=row[4],
+            lease_epoch=row[5],
+            steps=steps,
+        )
+
+    def task_ids(self) -> list[str]:
+        with self._read() as conn:
+            return [row[0] for row in conn.execute(Q["task_ids"])]
+
+    def begin_run(self, task_id: str, run_id: str) -> tuple[Run, Task]:
+        self.get_task(task_id)  # UnknownTask before any lock file is made
+        lock = TaskLock(self.path, task_id)
+        try:
+            lock.acquire()
+        except OSError as exc:
+            raise StoreError(f"cannot lock task {task_id!r}: {exc.strerror}") from None
+        try:
+            now = time.time()
+            with self._write() as conn:
+                epoch = conn.execute(Q["claim"], {"id": task_id, "now": now}).fetchone()[0]
+                recovered = [r[0] for r in conn.execute(Q["running_steps"], {"id": task_id})]
+                if recovered:
+                    conn.execute(Q["recover_steps"], {"id": task_id})
+                for idx in recovered:
+                    self._event(conn, task_id, run_id, EventKind.STEP_RECOVERED, idx, None, now)
+                self._event(
+                    conn, task_id, run_id, EventKind.RUN_STARTED, None,
+                    {"recovered": recovered}, now,
+                )  # fmt: skip
+                crashpoints.crash("recovery_before_commit")
+                task = self._load(conn, task_id)
+        except BaseException:
+            lock.release()
+            raise
+        self._locks[run_id] = lock
+        return Run(task_id=task_id, run_id=run_id, epoch=epoch, recovered=tuple(recovered)), task
+
+    def start_step(self, run: Run, idx: int, tool: str) -> int:
+        now = time.time()
+        with self._write() as conn:
+            self._fence(conn, run, TaskStatus.RUNNING, now)
+            row = conn.execute(Q["step_running"], {"id": run.task_id, "idx": idx}).fetchone()
+            if row is None:
+                raise StoreError(f"task {run.task_id!r} step {idx} is not pending")
+            attempt = int(row[0])
+            self._event(
+                conn, run.task_id, run.run_id, EventKind.STEP_STARTED, idx,
+                {"tool": tool, "attempt": attempt}, now,
+            )  # fmt: skip
+        return attempt
+
+    def finish_step(self, run: Run, idx: int, tool: str, output: str, *, last: bool) -> None:
+        now = time.time()
+        with self._write() as conn:
+            self._fence(conn, run, TaskStatus.DONE if last else TaskStatus.RUNNING, now)
+            cur = conn.execute(Q["step_done"], {"id": run.task_id, "idx": idx, "output": output})
+            if cur.rowcount != 1:
+                raise StoreError(f"task {run.task_id!r} step {idx} is not running")
+            self._event(
+                conn, run.task_id, run.run_id, EventKind.STEP_FINISHED, idx, {"tool": tool}, now
+            )
+            if last:
+                self._event(conn, run.task_id, run.run_id, EventKind.TASK_DONE, None, None, now)
+
+    def record_error(self, run: Run, idx: int, error: str, max_attempts: int) -> bool:
+        now = time.time()
+        with self._write() as conn:
+            self._fence(conn, run, TaskStatus.RUNNING, now)
+            row = conn.execute(
+                Q["step_back"], {"id": run.task_id, "idx": idx, "status": "pending"}
+            ).fetchone()
+            if row is None:
+                raise StoreError(f"task {run.task_id!r} step {idx} is not running")
+            self._event(
+                conn, run.task_id, run.run_id, EventKind.STEP_ERROR, idx, {"error": error}, now
+            )
+            if row[0] < max_attempts:
+                return False
+            conn.execute(Q["step_failed"], {"id": run.task_id, "idx": idx})
+            self._fence(conn, run, TaskStatus.FAILED, now)
+            reason = f"step {idx} failed {row[0]} times; last error: {error}"
+            self._event(
+                conn, run.task_id, run.run_id, EventKind.TASK_FAILED, idx, {"reason": reason}, now
+            )
+            return True
+
+    def finish_task(self, run: Run) -> None:
+        now = time.time()
+        with self._write() as conn:
+            self._fence(conn, run, TaskStatus.DONE, now)
+            self._event(conn, run.task_id, run.run_id, EventKind.TASK_DONE, None, None, now)
+
+    def end_run(self, run: Run) -> None:
+        lock = self._locks.pop(run.run_id, None)
+        if lock is not None:
+            lock.release()
+
+    def events(self, task_id: str) -> list[Event]:
+        with self._read() as conn:
+            rows = conn.execute(Q["events"], {"id": task_id}).fetchall()
+        return [
+            Event(
+                seq=seq,
+                ts=ts,
+                task_id=tid,
+                run_id=run_id,
+                kind=kind,
+                step_idx=step_idx,
+                data=load_json_object(data),
+            )
+            for seq, ts, tid, run_id, kind, step_idx, data in rows
+        ]
+
+    def close(self) -> None:
+        for lock in self._locks.values():
+            lock.release()
+        self._locks.clear()
+        self._conn.close()

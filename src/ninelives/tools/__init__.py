@@ -1,0 +1,93 @@
+"""Tools: the protocol every step's tool follows, and the registry that finds them.
+
+A tool is called as ``tool(input, ctx, idem_key)``: ``input`` is the step's
+stored JSON input, ``ctx`` maps each done step's index to its committed output,
+and ``idem_key`` is ``<task_id>-<step_idx>``, stable across retries and restarts.
+It returns a JSON object, committed as the step's output. The executor is
+at-least-once: a tool with an outside effect must make it idempotent by
+``idem_key`` (see :func:`ninelives.tools.effects.publish_once`).
+
+Custom tools come from other packages through the ``ninelives.tools`` entry
+point group (``name = "package.module:tool"``), or are registered in code with
+:meth:`Registry.register`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import PlanError
+
+ToolFn = Callable[[Mapping[str, Any], Mapping[int, Any], str], Mapping[str, Any]]
+Validator = Callable[[Mapping[str, Any]], None]
+
+ENTRY_POINT_GROUP = "ninelives.tools"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tool:
+    """A named tool: the function to run and an optional input check run at ``create``.
+
+    ``validate(input)`` raises :class:`~ninelives.errors.PlanError` for input the
+    tool can never accept, so a bad plan is refused before anything runs.
+    """
+
+    name: str
+    fn: ToolFn
+    validate: Validator | None = None
+
+    def __call__(
+        self, input: Mapping[str, Any], ctx: Mapping[int, Any], idem_key: str
+    ) -> Mapping[str, Any]:
+        return self.fn(input, ctx, idem_key)
+
+
+class Registry:
+    """Tools by name. Unknown names are looked up once in the entry point group."""
+
+    def __init__(self, tools: Iterable[Tool] = (), *, entry_points: bool = True) -> None:
+        self._tools = {tool.name: tool for tool in tools}
+        self._entry_points = entry_points
+
+    def register(
+        self, name: str, fn: ToolFn | None = None, *, validate: Validator | None = None
+    ) -> Any:
+        """Register ``fn`` as tool ``name``; without ``fn``, return a decorator."""
+        if fn is None:
+
+            def decorator(func: ToolFn) -> ToolFn:
+                self._tools[name] = Tool(name=name, fn=func, validate=validate)
+                return func
+
+            return decorator
+        self._tools[name] = Tool(name=name, fn=fn, validate=validate)
+        return self._tools[name]
+
+    def lookup(self, name: str) -> Tool:
+        """The tool called ``name``; :class:`PlanError` if no tool has that name."""
+        tool = self._tools.get(name)
+        if tool is None and self._entry_points:
+            tool = self._load_entry_point(name)
+        if tool is None:
+            known = ", ".join(sorted(self._tools))
+            raise PlanError(f"unknown tool {name!r} (known: {known})")
+        return tool
+
+    def names(self) -> list[str]:
+        """Names of the tools registered so far (entry points load on first use)."""
+        return sorted(self._tools)
+
+    def _load_entry_point(self, name: str) -> Tool | None:
+        # importlib.metadata costs ~15 ms to import: only pay it for a name
+        # that no built-in or registered tool answers.
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            if ep.name == name:
+                loaded = ep.load()
+                tool = loaded if isinstance(loaded, Tool) else Tool(name=name, fn=loaded)
+                self._tools[name] = tool
+                return tool
+        return None

@@ -1,0 +1,152 @@
+"""The contract's built-in tools: ``fetch``, ``summarize`` and ``write_artifact``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import PlanError, ToolError
+from ..settings import Settings
+from . import Registry, Tool, effects
+
+
+def _need_from(step_input: Mapping[str, Any]) -> None:
+    if "from" not in step_input:
+        raise PlanError("input needs 'from' (the index of an earlier step)")
+
+
+def _source(ctx: Mapping[int, Any], step_input: Mapping[str, Any]) -> Mapping[str, Any]:
+    ref = step_input["from"]
+    if ref not in ctx:
+        raise ToolError(f"step {ref} has no committed output")
+    output = ctx[ref]
+    if not isinstance(output, Mapping):
+        raise ToolError(f"step {ref} output is not an object")
+    return output
+
+
+def _step_of(idem_key: str) -> int | None:
+    tail = idem_key.rpartition("-")[2]
+    return int(tail) if tail.isdigit() else None
+
+
+def _check_relative(path: Any) -> None:
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise PlanError("input needs 'path', a non-empty string")
+    if os.path.isabs(path) or ".." in path.replace("\\", "/").split("/"):
+        raise PlanError(f"path {path!r} must stay inside the workspace (relative, no '..')")
+
+
+def make_fetch(settings: Settings) -> Tool:
+    """``fetch {"path"}`` -> ``{"chars", "sha256", "text"}`` of a UTF-8 file.
+
+    The path is data relative to the workspace (the working directory, or
+    ``NINELIVES_WORKSPACE``); absolute paths, ``..`` and symlinks that lead out
+    of the workspace are refused.
+    """
+
+    def validate(step_input: Mapping[str, Any]) -> None:
+        _check_relative(step_input.get("path"))
+
+    def fetch(step_input: Mapping[str, Any], ctx: Mapping[int, Any], idem_key: str) -> Any:
+        validate(step_input)
+        root = os.path.realpath(settings.workspace)
+        target = os.path.realpath(os.path.join(root, step_input["path"]))
+        if os.path.commonpath([root, target]) != root:
+            raise ToolError(f"{step_input['path']} leads outside the workspace")
+        try:
+            with open(target, "rb") as fh:
+                data = fh.read()
+        except OSError as exc:
+            raise ToolError(f"cannot read {step_input['path']}: {exc.strerror}") from None
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ToolError(f"{step_input['path']} is not UTF-8 text") from None
+        return {"chars": len(text), "sha256": effects._sha256(data), "text": text}
+
+    return Tool(name="fetch", fn=fetch, validate=validate)
+
+
+def stub_summary(text: str) -> str:
+    """The stub engine: the first three non-empty lines, stripped, joined by newlines."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return "\n".join(lines[:3])
+
+
+def _ollama_summary(settings: Settings, text: str) -> str:
+    import json
+    import urllib.error
+    import urllib.request
+
+    body = json.dumps(
+        {
+            "model": settings.ollama_model,
+            "prompt": "Summarize the following notes in exactly three short lines.\n\n" + text,
+            "stream": False,
+        }
+    ).encode()
+    request = urllib.request.Request(
+        settings.ollama_url.rstrip("/") + "/api/generate",
+        data=body,
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=300) as response:
+            reply = json.load(response)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise ToolError(f"ollama at {settings.ollama_url}: {exc}") from None
+    summary = reply.get("response") if isinstance(reply, dict) else None
+    if not isinstance(summary, str):
+        raise ToolError("ollama reply has no 'response' text")
+    return summary.strip()
+
+
+def make_summarize(settings: Settings) -> Tool:
+    """``summarize {"from"}`` -> ``{"summary", "engine"}`` with the stub or Ollama engine."""
+
+    def summarize(step_input: Mapping[str, Any], ctx: Mapping[int, Any], idem_key: str) -> Any:
+        source = _source(ctx, step_input)
+        text = source.get("text", source.get("summary"))
+        if not isinstance(text, str):
+            raise ToolError(f"step {step_input['from']} output has no text to summarize")
+        if settings.llm == "ollama":
+            return {"summary": _ollama_summary(settings, text), "engine": "ollama"}
+        return {"summary": stub_summary(text), "engine": "stub"}
+
+    return Tool(name="summarize", fn=summarize, validate=_need_from)
+
+
+def make_write_artifact(settings: Settings) -> Tool:
+    """``write_artifact {"from"}`` -> ``{"path", "deduplicated", "sha256", "bytes"}``.
+
+    Publishes the summary as ``<artifacts>/<idem_key>.md`` exactly once in
+    outcome, or with ``AGENT_UNSAFE_EFFECTS=1`` appends it to ``report.log``.
+    """
+
+    def write_artifact(step_input: Mapping[str, Any], ctx: Mapping[int, Any], idem_key: str) -> Any:
+        source = _source(ctx, step_input)
+        summary = source.get("summary", source.get("text"))
+        if not isinstance(summary, str):
+            raise ToolError(f"step {step_input['from']} output has no summary to write")
+        if settings.unsafe_effects:
+            path = os.path.join(settings.artifacts, "report.log")
+            effects.append_unsafe(path, (summary + "\n---\n").encode())
+            return {"path": path, "deduplicated": False}
+        published = effects.publish_once(
+            settings.artifacts, f"{idem_key}.md", summary.encode(), step=_step_of(idem_key)
+        )
+        return {
+            "path": published.path,
+            "deduplicated": published.deduplicated,
+            "sha256": published.sha256,
+            "bytes": published.size,
+        }
+
+    return Tool(name="write_artifact", fn=write_artifact, validate=_need_from)
+
+
+def default_registry(settings: Settings) -> Registry:
+    """The built-in tools configured by ``settings``, plus entry-point tools on demand."""
+    return Registry([make_fetch(settings), make_summarize(settings), make_write_artifact(settings)])
