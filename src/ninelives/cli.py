@@ -80,8 +80,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     with _runtime(args, create=False) as rt:
         task = rt.status(args.task_id)
-    if args.json or not sys.stdout.isatty():
-        print(json.dumps(task.as_status()))
+    if args.json or args.outputs or not sys.stdout.isatty():
+        view = task.as_status()
+        if args.outputs:
+            for row, step in zip(view["steps"], task.steps, strict=True):
+                row["output"] = step.output
+        print(json.dumps(view, ensure_ascii=False))
         return 0
     print(f"task {task.id}: {task.status.value}  ({task.goal})")
     for step in task.steps:
@@ -130,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("status", cmd_status, "show the task and its steps")
     p.add_argument("task_id", metavar="TASK_ID")
     p.add_argument("--json", action="store_true", help="JSON even on a terminal")
+    p.add_argument("--outputs", action="store_true", help="JSON with each step's output")
     p = command("export", cmd_export, "print the task's journal as JSON Lines")
     p.add_argument("task_id", metavar="TASK_ID")
     return parser
