@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from ninelives.testing import Lab
 
-BACKENDS = ["sqlite"]
+if TYPE_CHECKING:
+    from pgcluster import PgServer
+
+BACKENDS = ["sqlite", "postgres"]
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(
+    params=[pytest.param(b, marks=pytest.mark.postgres) if b == "postgres" else b for b in BACKENDS]
+)
 def backend(request: pytest.FixtureRequest) -> str:
     """The storage backend a parametrised test runs against."""
     return str(request.param)
@@ -26,13 +34,52 @@ def db(backend: str, request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue("pg_database"))
 
 
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """The session's PostgreSQL server: ``NINELIVES_TEST_PG_URL``, else a throwaway
+    cluster started here and stopped at the end. If none can run, every test that
+    needs it fails (never skips)."""
+    from pgcluster import PgUnavailable, start_server
+
+    try:
+        server = start_server()
+    except PgUnavailable as exc:
+        pytest.fail(f"PostgreSQL tests cannot run: {exc}", pytrace=False)
+    yield server
+    server.stop()
+
+
 @pytest.fixture
-def lab(tmp_path: Path, db: str) -> Lab:
+def pg_database(pg_server: PgServer) -> Iterator[str]:
+    """The URL of a new, empty database on the session's server, dropped afterwards."""
+    name = pg_server.create_database()
+    yield pg_server.url(name)
+    pg_server.recycle(name)
+
+
+@pytest.fixture
+def lab(tmp_path: Path, db: str) -> Iterator[Lab]:
     """A scratch folder running the installed CLI against ``db``, AGENT_* scrubbed."""
-    return Lab(tmp_path / "lab", db=db)
+    lab = Lab(tmp_path / "lab", db=db)
+    yield lab
+    lab.reap()  # no runner a failed test started outlives it
 
 
 @pytest.fixture
-def sqlite_lab(tmp_path: Path) -> Lab:
+def sqlite_lab(tmp_path: Path) -> Iterator[Lab]:
     """A lab on the embedded SQLite default, for SQLite-only behaviour."""
-    return Lab(tmp_path / "lab", db="state.db")
+    lab = Lab(tmp_path / "lab", db="state.db")
+    yield lab
+    lab.reap()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """With NINELIVES_FORBID_SKIPS set (``make test``, CI), a skipped test fails the run:
+    a test that could not run (say, for lack of a server) is not a passing one."""
+    if not os.environ.get("NINELIVES_FORBID_SKIPS"):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
+    if skipped:
+        reporter.write_line(f"ninelives: {len(skipped)} test(s) skipped; skips are failures here")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -23,6 +23,7 @@ from .errors import (
     TaskBusy,
     TaskFailed,
     UnknownTask,
+    VerificationFailed,
 )
 
 #: Exit code per error branch; the first matching class wins (subclasses first).
@@ -33,6 +34,7 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (InputError, 4),
     (CommitUnknown, 6),
     (StoreError, 5),
+    (VerificationFailed, 7),
     (NineLivesError, 5),
 )
 EXIT_INTERRUPTED = 130
@@ -40,8 +42,9 @@ EXIT_INTERRUPTED = 130
 EPILOG = """exit codes:
   0  done (also when already done)     4  bad input (usage, plan, task id, existing id)
   1  unknown task                      5  database unusable (missing folder, corrupt, not SQLite)
-  2  task failed (attempt limit)       6  a commit failed with an unknown outcome; run again
-  3  another process runs this task  130  interrupted
+  2  task failed (attempt limit)       6  an I/O error left a write's outcome unknown; run again
+  3  another process runs this task    7  verify or torture found violations (listed on stdout)
+                                     130  interrupted
 """
 
 
@@ -60,14 +63,47 @@ def _runtime(args: argparse.Namespace, *, create: bool = True) -> Any:
 
 
 def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    # Progress lines are best effort: a stderr that fails (EIO, a full disk
+    # under a log file) must not stop a runner whose state is committed.
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def cmd_create(args: argparse.Namespace) -> int:
+    from .runtime import prepare
+    from .settings import Settings
+    from .tools.builtin import default_registry
+
+    # Id and plan are checked before the database is opened: bad input must
+    # not leave a new database file behind.
+    plan = prepare(args.task_id, args.plan_file, default_registry(Settings.from_env()))
+    queue = _queue(args) if args.enqueue or args.queue else None
     with _runtime(args) as rt:
-        task = rt.create(args.task_id, args.plan_file)
-    print(f"created task {task.id!r} with {len(task.steps)} steps")
+        task = rt.create(args.task_id, plan, queue=queue)
+    where = f" in queue {queue!r}" if queue else ""
+    print(f"created task {task.id!r} with {len(task.steps)} steps{where}")
     return 0
+
+
+def _queue(args: argparse.Namespace) -> str:
+    return str(args.queue or os.environ.get("NINELIVES_QUEUE") or "default")
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    args.enqueue = True
+    return cmd_create(args)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from .worker import Worker, WorkerOptions
+
+    options = WorkerOptions.from_env(
+        args.db, queue=args.queue, concurrency=args.concurrency, lease=args.lease,
+        heartbeat=args.heartbeat, poll=args.poll, grace=args.grace, drain=args.drain,
+    )  # fmt: skip
+    return Worker(options, log=_stderr, step_log=None if args.quiet else _stderr).run()
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -102,6 +138,56 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .store import MissingStore, open_store
+    from .verify import verify_store
+
+    if (args.task_id is None) != args.all:
+        raise InputError("give a TASK or --all, not both (see 'ninelives verify --help')")
+    if args.artifacts is not None and os.path.exists(args.artifacts):
+        if not os.path.isdir(args.artifacts):
+            raise InputError(f"--artifacts {args.artifacts}: not a folder")
+    store = open_store(args.db, create=False)
+    try:
+        if args.all and isinstance(store, MissingStore):
+            raise StoreError(f"no database at {args.db}")
+        ids = None if args.all else [args.task_id]
+        report = verify_store(store, ids, artifacts=args.artifacts)
+    finally:
+        store.close()
+    for violation in report.violations:
+        print(violation)
+    integrity = ", integrity checked" if report.integrity_checked else ""
+    summary = f"verified {report.tasks} task(s), {report.events} event(s){integrity}"
+    if report.ok:
+        print(f"{summary}: no violations")
+        return 0
+    print(f"{summary}: {len(report.violations)} violation(s)")
+    raise VerificationFailed(f"{len(report.violations)} violation(s) found")
+
+
+def cmd_torture(args: argparse.Namespace) -> int:
+    from .torture import torture
+
+    report = torture(
+        args.plan,
+        kills=args.kills,
+        seed=args.seed,
+        workers=args.workers,
+        folder=args.dir,
+        pause=args.pause,
+        log=None if args.quiet else _stderr,
+    )
+    for line in report.summary_lines():
+        print(line)
+    if not report.ok:
+        raise VerificationFailed(
+            f"{report.duplicates} duplicate(s), {report.lost_commits} lost commit(s), "
+            f"{len(report.violations)} violation(s); replay with --seed {report.seed}"
+        )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every command."""
     parser = _Parser(
@@ -125,9 +211,43 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=handler)
         return p
 
+    queue_help = "the workers' queue (default: $NINELIVES_QUEUE or 'default')"
     p = command("create", cmd_create, "store a task and its whole plan")
     p.add_argument("task_id", metavar="TASK_ID")
     p.add_argument("plan_file", metavar="PLAN_FILE")
+    p.add_argument("--enqueue", action="store_true", help="also put it where workers find it")
+    p.add_argument("--queue", metavar="NAME", help=queue_help + "; implies --enqueue")
+    p = command("submit", cmd_submit, "store a task and enqueue it for workers (create --enqueue)")
+    p.add_argument("task_id", metavar="TASK_ID")
+    p.add_argument("plan_file", metavar="PLAN_FILE")
+    p.add_argument("--queue", metavar="NAME", help=queue_help)
+    p = command(
+        "worker",
+        cmd_worker,
+        "claim queued tasks and run them under a lease until SIGTERM/SIGINT",
+    )
+    p.add_argument("--queue", metavar="NAME", help=queue_help)
+    p.add_argument("--concurrency", type=int, metavar="N", help="tasks run at once (default 1)")
+    p.add_argument(
+        "--lease", type=float, metavar="SECONDS",
+        help="a claim lapses this long after its last renewal, on the database's clock "
+        "(PostgreSQL; default: $NINELIVES_LEASE or 30)",
+    )  # fmt: skip
+    p.add_argument(
+        "--heartbeat", type=float, metavar="SECONDS",
+        help="renew held leases this often (default: $NINELIVES_HEARTBEAT or lease/3)",
+    )  # fmt: skip
+    p.add_argument(
+        "--poll", type=float, metavar="SECONDS", help="look for work this often when idle (1)"
+    )
+    p.add_argument(
+        "--grace", type=float, metavar="SECONDS",
+        help="on SIGTERM, let running steps finish this long before giving them up (30)",
+    )  # fmt: skip
+    p.add_argument(
+        "--drain", action="store_true", help="exit 0 once the queue has no unfinished task"
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="log claims only, not steps")
     p = command("run", cmd_run, "recover, then run the task's pending steps until done")
     p.add_argument("task_id", metavar="TASK_ID")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing per step")
@@ -137,6 +257,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--outputs", action="store_true", help="JSON with each step's output")
     p = command("export", cmd_export, "print the task's journal as JSON Lines")
     p.add_argument("task_id", metavar="TASK_ID")
+    p = command(
+        "verify",
+        cmd_verify,
+        "check tasks after the fact: journal, statuses, outputs, artifacts",
+    )
+    p.add_argument("task_id", metavar="TASK", nargs="?")
+    p.add_argument("--all", action="store_true", help="check every task")
+    p.add_argument("--artifacts", metavar="DIR", help="also check the published files in DIR")
+    p = command(
+        "torture",
+        cmd_torture,
+        "SIGKILL fresh tasks of a plan at random, resume them, verify",
+    )
+    p.add_argument("plan", metavar="PLAN")
+    p.add_argument("--kills", type=int, default=10, metavar="N", help="SIGKILLs (default 10)")
+    p.add_argument("--seed", type=int, metavar="S", help="seed of the kill schedule")
+    p.add_argument("--workers", type=int, default=1, metavar="K", help="tasks run in parallel")
+    p.add_argument("--dir", metavar="DIR", help="scratch folder (default: a new temp folder)")
+    p.add_argument(
+        "--pause",
+        type=float,
+        default=0.01,
+        metavar="SECONDS",
+        help="sleep at every crash point so kills land between commits (default 0.01; 0: off)",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     return parser
 
 

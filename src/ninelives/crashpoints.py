@@ -4,12 +4,21 @@ A crash point is a named boundary in the runtime. Tests set ``AGENT_CRASH_AT``
 to kill the process exactly there, instead of sleeping and hoping. Every point
 is registered in :data:`POINTS`, so a test can check that the suite exercises
 each one.
+
+``NINELIVES_CRASH_PAUSE=SECONDS`` makes the process sleep at every point, so
+that kills sent at random moments from outside (``ninelives torture``) land
+between every pair of boundaries rather than mostly in interpreter start-up.
+
+An in-process simulation can route every point to a handler of its own with
+:func:`set_handler` (which then decides, say, to raise instead of dying); with
+no handler set, only ``AGENT_CRASH_AT`` acts.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 
 #: Every crash point, with the boundary it stands for.
 POINTS: dict[str, str] = {
@@ -21,7 +30,14 @@ POINTS: dict[str, str] = {
     "create_before_commit": "create: task, steps and task_created written, not committed",
     "recovery_before_commit": "run start: steps recovered and run_started written, not committed",
     "migration_before_commit": "schema migration applied, not committed",
+    "error_before_commit": "the tool raised: step_error (and task_failed) written, not committed",
+    "after_recovery": "run start: recovery committed, orphan temp files not yet removed",
+    "before_task_done": "run start found no pending step: task_done not yet committed",
 }
+
+#: Called as ``handler(point, step)`` at every crash point when set.
+Handler = Callable[[str, int | None], None]
+_handler: Handler | None = None
 
 _target: tuple[str, int | None] | None = None
 _parsed_from: str | None = None
@@ -43,8 +59,15 @@ def crash(point: str, step: int | None = None) -> None:
     """SIGKILL this process if ``AGENT_CRASH_AT`` names this point (and step).
 
     ``POINT`` alone matches every step; ``POINT:IDX`` matches step IDX only.
+    With a handler set (:func:`set_handler`), the handler is called instead.
     """
     global _target, _parsed_from
+    if _handler is not None:
+        _handler(point, step)
+        return
+    pause = os.environ.get("NINELIVES_CRASH_PAUSE")
+    if pause:
+        _pause(pause)
     value = os.environ.get("AGENT_CRASH_AT", "")
     if not value:
         return
@@ -54,3 +77,26 @@ def crash(point: str, step: int | None = None) -> None:
     name, idx = _target
     if name == point and (idx is None or idx == step):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def set_handler(handler: Handler | None) -> Handler | None:
+    """Route every crash point to ``handler(point, step)``; None restores the default.
+
+    For in-process simulations: the handler may raise (a ``BaseException``
+    that no ``except Exception`` swallows) to stand for the process dying
+    there. Returns the handler that was set before.
+    """
+    global _handler
+    previous, _handler = _handler, handler
+    return previous
+
+
+def _pause(value: str) -> None:
+    import time
+
+    try:
+        seconds = float(value)
+    except ValueError:
+        return  # a test hook: a malformed value pauses nothing
+    if 0 < seconds <= 60:
+        time.sleep(seconds)

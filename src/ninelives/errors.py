@@ -14,7 +14,9 @@ the CLI maps each branch to one exit code in one place (``cli.EXIT_CODES``)::
     ├── TaskFailed                 a step reached the attempt limit
     ├── StoreError                 the database cannot be used
     │   └── CommitUnknown          a write failed mid-commit; its outcome is unknown
-    └── ToolError                  a tool refused its input or its effect conflicts
+    │       └── EffectUnknown      an effect's write or fsync failed (EIO, ENOSPC)
+    ├── ToolError                  a tool refused its input or its effect conflicts
+    └── VerificationFailed         verify or torture found a broken guarantee
 
 Driver exceptions (``sqlite3.Error``, ``psycopg.Error``) never leave a store:
 they are translated at the store boundary and chained with ``from exc``.
@@ -74,5 +76,20 @@ class CommitUnknown(StoreError):
     """
 
 
+class EffectUnknown(CommitUnknown):
+    """A tool's durable write (write, link, fsync) failed with an I/O error.
+
+    Whether the effect is durable is unknown, and a failed fsync is never
+    retried (the kernel may have dropped the dirty pages, and a second fsync
+    can report success for data that is gone): the runner stops at once
+    without recording an attempt error; the next ``run`` recovers the step.
+    """
+
+
 class ToolError(NineLivesError):
     """A tool refused its input or found a conflicting effect; recorded as ``step_error``."""
+
+
+class VerificationFailed(NineLivesError):
+    """``verify`` or ``torture`` found violations, each printed with the event
+    ``seq`` numbers involved; exit code 7."""

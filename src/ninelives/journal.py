@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from .models import Event, EventKind
@@ -20,39 +21,75 @@ def dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def invariant_violations(events: Iterable[Event]) -> list[str]:
-    """Return the journal invariant violations of one task's events (empty when clean).
+@dataclass(frozen=True, kw_only=True)
+class JournalProblem:
+    """One broken journal invariant, with the ``seq`` of every event involved."""
+
+    message: str
+    seqs: tuple[int, ...] = ()
+    step: int | None = None
+
+
+def journal_problems(events: Iterable[Event]) -> list[JournalProblem]:
+    """The journal invariant violations of one task's events, with their sequence numbers.
 
     Checks the contract's invariant (``step_started`` equals the sum of its
-    closing kinds), that every run id has exactly one ``run_started``, and that
-    per step each start is closed before the next one begins.
+    closing kinds once the task has ended), that every run id has exactly one
+    ``run_started``, and that per step each start is closed before the next
+    one begins and every closing event closes a start.
     """
-    problems: list[str] = []
+    problems: list[JournalProblem] = []
     kinds: Counter[str] = Counter()
-    run_starts: Counter[str] = Counter()
+    run_starts: dict[str, list[int]] = {}
     open_steps: dict[int, int] = {}
     for event in events:
         kinds[event.kind] += 1
         if event.kind == EventKind.RUN_STARTED.value:
-            run_starts[event.run_id] += 1
+            run_starts.setdefault(event.run_id, []).append(event.seq)
         elif event.kind == EventKind.STEP_STARTED.value and event.step_idx is not None:
             if event.step_idx in open_steps:
                 problems.append(
-                    f"step {event.step_idx}: started at seq {event.seq} while still "
-                    f"open since seq {open_steps[event.step_idx]}"
+                    JournalProblem(
+                        message=f"step {event.step_idx}: started at seq {event.seq} while "
+                        f"still open since seq {open_steps[event.step_idx]}",
+                        seqs=(open_steps[event.step_idx], event.seq),
+                        step=event.step_idx,
+                    )
                 )
             open_steps[event.step_idx] = event.seq
         elif event.kind in CLOSING_KINDS and event.step_idx is not None:
             if open_steps.pop(event.step_idx, None) is None:
                 problems.append(
-                    f"step {event.step_idx}: {event.kind} at seq {event.seq} closes no start"
+                    JournalProblem(
+                        message=f"step {event.step_idx}: {event.kind} at seq {event.seq} "
+                        "closes no start",
+                        seqs=(event.seq,),
+                        step=event.step_idx,
+                    )
                 )
     started = kinds[EventKind.STEP_STARTED.value]
     closed = sum(kinds[k] for k in CLOSING_KINDS)
     finished = kinds[EventKind.TASK_DONE.value] + kinds[EventKind.TASK_FAILED.value]
     if finished and started != closed:
-        problems.append(f"{started} step_started but {closed} finished/recovered/error")
-    for run_id, count in sorted(run_starts.items()):
-        if count != 1:
-            problems.append(f"run {run_id}: {count} run_started events")
+        problems.append(
+            JournalProblem(
+                message=f"{started} step_started but {closed} finished/recovered/error",
+                seqs=tuple(sorted(open_steps.values())),
+            )
+        )
+    for run_id, seqs in sorted(run_starts.items()):
+        if len(seqs) != 1:
+            problems.append(
+                JournalProblem(
+                    message=f"run {run_id}: {len(seqs)} run_started events", seqs=tuple(seqs)
+                )
+            )
     return problems
+
+
+def invariant_violations(events: Iterable[Event]) -> list[str]:
+    """Return the journal invariant violations of one task's events (empty when clean).
+
+    The messages of :func:`journal_problems`.
+    """
+    return [problem.message for problem in journal_problems(events)]

@@ -44,12 +44,29 @@ def _depth(value: Any) -> int:
     deepest, stack = 0, [(value, 1)]
     while stack:
         item, level = stack.pop()
+        if level > MAX_DEPTH:
+            return level  # deep enough to refuse; also ends the walk of a cyclic dict
         deepest = max(deepest, level)
         if isinstance(item, dict):
             stack.extend((v, level + 1) for v in item.values())
         elif isinstance(item, list):
             stack.extend((v, level + 1) for v in item)
     return deepest
+
+
+def _has_nul(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\0" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def parse_plan(text: str | bytes) -> Plan:
@@ -62,13 +79,24 @@ def parse_plan(text: str | bytes) -> Plan:
         raise PlanError(f"plan is nested more than {MAX_DEPTH} levels deep") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise PlanError(f"plan is not valid JSON: {exc}") from None
-    if _depth(raw) > MAX_DEPTH:
-        raise PlanError(f"plan is nested more than {MAX_DEPTH} levels deep")
     return plan_from_dict(raw)
 
 
 def plan_from_dict(raw: Any) -> Plan:
     """Build a :class:`Plan` from decoded JSON, checking its shape."""
+    if _depth(raw) > MAX_DEPTH:
+        raise PlanError(f"plan is nested more than {MAX_DEPTH} levels deep")
+    try:
+        # JSON allows "\ud800", but a lone surrogate cannot be stored as UTF-8
+        # text: refuse it here rather than fail inside the store's transaction.
+        json.dumps(raw, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise PlanError("plan holds text that is not valid Unicode (a lone surrogate)") from None
+    except (TypeError, ValueError) as exc:
+        raise PlanError(f"plan is not JSON data: {exc}") from None
+    if _has_nul(raw):
+        # PostgreSQL text and jsonb cannot hold U+0000: refuse it on every backend alike.
+        raise PlanError("plan holds a NUL character (\\u0000), which cannot be stored as text")
     if not isinstance(raw, dict):
         raise PlanError("plan must be a JSON object with a 'steps' list")
     goal = raw.get("goal", "")

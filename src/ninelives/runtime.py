@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from . import crashpoints
-from .errors import InvalidTaskId, TaskFailed
+from .errors import CommitUnknown, InputError, InvalidTaskId, TaskFailed
 from .journal import dumps
-from .models import Event, StepStatus, Task, TaskStatus
+from .models import Event, Run, StepStatus, Task, TaskStatus
 from .plan import Plan, load_plan, plan_from_dict, validate
 from .settings import Settings
 from .store import Store, open_store
@@ -43,6 +43,36 @@ def check_task_id(task_id: str) -> str:
             "starting with a letter or digit"
         )
     return task_id
+
+
+def prepare(
+    task_id: str, plan: Plan | Mapping[str, Any] | str | os.PathLike[str], tools: Registry
+) -> Plan:
+    """Check ``task_id``, load ``plan`` and validate it against ``tools``; touch no store.
+
+    Raises :class:`~ninelives.errors.InvalidTaskId` or :class:`~ninelives.errors.PlanError`.
+    """
+    check_task_id(task_id)
+    if isinstance(plan, Mapping):
+        plan = plan_from_dict(dict(plan))
+    elif not isinstance(plan, Plan):
+        plan = load_plan(plan)
+    validate(plan, tools.lookup)
+    return plan
+
+
+QUEUE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check_queue(queue: str) -> str:
+    """Return ``queue`` if it is a plain name (1-64 letters, digits, ``.``, ``_``,
+    ``-``, starting with a letter or digit), else raise :class:`InputError`."""
+    if not isinstance(queue, str) or not QUEUE_RE.fullmatch(queue):
+        raise InputError(
+            f"invalid queue name {queue!r}: use 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return queue
 
 
 def new_run_id() -> str:
@@ -92,20 +122,24 @@ class Runtime:
         """Close the store."""
         self.store.close()
 
-    def create(self, task_id: str, plan: Plan | Mapping[str, Any] | str | os.PathLike[str]) -> Task:
+    def create(
+        self,
+        task_id: str,
+        plan: Plan | Mapping[str, Any] | str | os.PathLike[str],
+        *,
+        queue: str | None = None,
+    ) -> Task:
         """Validate and store a task with its whole plan; journal ``task_created``.
 
         ``plan`` is a :class:`Plan`, a dict of plan JSON, or a plan file path.
+        With ``queue`` the task is enqueued there for ``worker`` processes.
         Raises :class:`~ninelives.errors.InvalidTaskId`, :class:`~ninelives.errors.PlanError`
         or :class:`~ninelives.errors.TaskExists`; none of them changes anything stored.
         """
-        check_task_id(task_id)
-        if isinstance(plan, Mapping):
-            plan = plan_from_dict(dict(plan))
-        elif not isinstance(plan, Plan):
-            plan = load_plan(plan)
-        validate(plan, self.tools.lookup)
-        return self.store.create_task(task_id, plan)
+        prepared = prepare(task_id, plan, self.tools)
+        if queue is not None:
+            check_queue(queue)
+        return self.store.create_task(task_id, prepared, queue=queue)
 
     def status(self, task_id: str) -> Task:
         """The task, its steps and their statuses; :class:`UnknownTask` if absent."""
@@ -128,50 +162,67 @@ class Runtime:
         """
         run, task = self.store.begin_run(task_id, new_run_id())
         try:
-            if run.recovered:
-                self._say(f"{task_id}: recovered step(s) {list(run.recovered)} left running")
-            if task.status is TaskStatus.FAILED:
-                raise TaskFailed(f"task {task_id!r} has failed; it is not run again")
-            if task.status is TaskStatus.DONE:
-                return task
-            remove_orphans(self.settings.artifacts, task_id)
-            pending = [s for s in task.steps if s.status is StepStatus.PENDING]
-            if not pending:
-                self.store.finish_task(run)
-            ctx: dict[int, Any] = task.outputs()
-            for step in pending:
-                tool = self.tools.lookup(step.tool)
-                last = step is pending[-1]
-                while True:
-                    attempt = self.store.start_step(run, step.idx, step.tool)
-                    crashpoints.crash("before_effect", step.idx)
-                    if self.settings.step_delay:
-                        time.sleep(self.settings.step_delay)
-                    try:
-                        output = dict(tool(step.input, ctx, f"{task_id}-{step.idx}"))
-                        encoded = dumps(output)
-                    except Exception as exc:
-                        error = f"{type(exc).__name__}: {exc}"
-                        self._say(
-                            f"{task_id}: step {step.idx} {step.tool} attempt {attempt}: {error}"
-                        )
-                        if self.store.record_error(
-                            run, step.idx, error, self.settings.max_attempts
-                        ):
-                            raise TaskFailed(
-                                f"task {task_id!r} failed: step {step.idx} ({step.tool}) "
-                                f"failed {attempt} times; last error: {error}"
-                            ) from None
-                        continue
-                    crashpoints.crash("after_effect", step.idx)
-                    self.store.finish_step(run, step.idx, step.tool, encoded, last=last)
-                    crashpoints.crash("after_commit", step.idx)
-                    self._say(f"{task_id}: step {step.idx} {step.tool} done {_brief(output)}")
-                    ctx[step.idx] = output
-                    break
-            return self.store.get_task(task_id)
+            return self.execute(run, task)
         finally:
             self.store.end_run(run)
+
+    def execute(self, run: Run, task: Task, *, stop: Callable[[], bool] | None = None) -> Task:
+        """Run the pending steps of a task this runner holds (``run`` from
+        :meth:`Store.begin_run` or :meth:`Store.claim_next`); the caller ends the run.
+
+        ``stop`` is asked before each step: when it returns True the runner
+        returns the task as it stands, unfinished, having left no step running.
+        Raises as :meth:`run` does; :class:`~ninelives.errors.LeaseLost` when
+        another runner took the task over (nothing false was written).
+        """
+        task_id = run.task_id
+        if run.recovered:
+            self._say(f"{task_id}: recovered step(s) {list(run.recovered)} left running")
+        if task.status is TaskStatus.FAILED:
+            raise TaskFailed(f"task {task_id!r} has failed; it is not run again")
+        if task.status is TaskStatus.DONE:
+            return task
+        crashpoints.crash("after_recovery")
+        remove_orphans(self.settings.artifacts, task_id)
+        pending = [s for s in task.steps if s.status is StepStatus.PENDING]
+        if not pending:
+            crashpoints.crash("before_task_done")
+            self.store.finish_task(run)
+        ctx: dict[int, Any] = task.outputs()
+        for step in pending:
+            tool = self.tools.lookup(step.tool)
+            last = step is pending[-1]
+            while True:
+                if stop is not None and stop():
+                    return self.store.get_task(task_id)
+                attempt = self.store.start_step(run, step.idx, step.tool)
+                crashpoints.crash("before_effect", step.idx)
+                if self.settings.step_delay:
+                    time.sleep(self.settings.step_delay)
+                # A runner paused past its lease must not start an effect that
+                # another runner may own by now (its commits would be fenced anyway).
+                self.store.check_lease(run)
+                try:
+                    output = dict(tool(step.input, ctx, f"{task_id}-{step.idx}"))
+                    encoded = dumps(output)
+                except CommitUnknown:
+                    raise  # storage failed under the effect: stop, never retry
+                except Exception as exc:
+                    error = f"{type(exc).__name__}: {exc}"
+                    self._say(f"{task_id}: step {step.idx} {step.tool} attempt {attempt}: {error}")
+                    if self.store.record_error(run, step.idx, error, self.settings.max_attempts):
+                        raise TaskFailed(
+                            f"task {task_id!r} failed: step {step.idx} ({step.tool}) "
+                            f"failed {attempt} times; last error: {error}"
+                        ) from None
+                    continue
+                crashpoints.crash("after_effect", step.idx)
+                self.store.finish_step(run, step.idx, step.tool, encoded, last=last)
+                crashpoints.crash("after_commit", step.idx)
+                self._say(f"{task_id}: step {step.idx} {step.tool} done {_brief(output)}")
+                ctx[step.idx] = output
+                break
+        return self.store.get_task(task_id)
 
     def _say(self, line: str) -> None:
         if self._log is not None:

@@ -38,7 +38,8 @@ class Settings:
                 raise InputError(f"AGENT_CRASH_AT: {exc}") from None
         return cls(
             max_attempts=_number(env, "AGENT_MAX_ATTEMPTS", 3, int, minimum=1),
-            step_delay=_number(env, "AGENT_STEP_DELAY", 0.0, float, minimum=0),
+            # time.sleep() overflows past ~2**63 ns: a day is plenty for any test.
+            step_delay=_number(env, "AGENT_STEP_DELAY", 0.0, float, minimum=0, maximum=86400),
             artifacts=env.get("AGENT_ARTIFACTS") or "artifacts",
             unsafe_effects=env.get("AGENT_UNSAFE_EFFECTS", "") not in ("", "0"),
             llm=env.get("AGENT_LLM") or "stub",
@@ -49,7 +50,12 @@ class Settings:
 
 
 def _number(
-    env: Mapping[str, str], name: str, default: T, kind: Callable[[str], T], minimum: float
+    env: Mapping[str, str],
+    name: str,
+    default: T,
+    kind: Callable[[str], T],
+    minimum: float,
+    maximum: float | None = None,
 ) -> T:
     raw = env.get(name, "")
     if not raw:
@@ -61,4 +67,6 @@ def _number(
     # NaN compares false with everything, so test the accepted range, not the refused one.
     if not value >= minimum:
         raise InputError(f"{name} must be at least {minimum}, got {raw!r}")
+    if maximum is not None and not value <= maximum:
+        raise InputError(f"{name} must be at most {maximum}, got {raw!r}")
     return value

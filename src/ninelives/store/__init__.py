@@ -6,14 +6,23 @@ record it commit together or not at all. Every method that a runner calls
 with a :class:`~ninelives.models.Run` is fenced: it commits only while
 ``run.epoch`` is still the task's current lease epoch, and otherwise raises
 :class:`~ninelives.errors.LeaseLost` having written nothing.
+
+Leases: on PostgreSQL a claim holds the task until ``lease_expires_at`` (on
+the database's clock), renewed by every commit and by a heartbeat every
+``heartbeat`` seconds; a runner that stops renewing (killed, paused,
+partitioned) loses the task at expiry to the next claimer, which recovers it
+exactly as a restart does. On SQLite the per-task kernel lock is the claim.
+``NINELIVES_LEASE`` (seconds, default 30) and ``NINELIVES_HEARTBEAT`` (default
+a third of the lease) set both for every command; ``worker`` has flags too.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from ..errors import UnknownTask
+from ..errors import InputError, UnknownTask
 from ..models import Event, Run, Task
 from ..plan import Plan
 
@@ -23,10 +32,12 @@ class Store(Protocol):
 
     url: str
 
-    def create_task(self, task_id: str, plan: Plan) -> Task:
+    def create_task(self, task_id: str, plan: Plan, *, queue: str | None = None) -> Task:
         """Store the task, all its steps and ``task_created`` in one transaction.
 
-        Raises :class:`~ninelives.errors.TaskExists` (changing nothing) if the id is taken.
+        With ``queue``, workers of that queue find and run the task; without it
+        only ``run`` does. Raises :class:`~ninelives.errors.TaskExists`
+        (changing nothing) if the id is taken.
         """
         ...
 
@@ -48,6 +59,33 @@ class Store(Protocol):
         runner holds the task, :class:`UnknownTask` if there is no such task.
         The caller must call :meth:`end_run`.
         """
+        ...
+
+    def claim_next(
+        self, queue: str, run_id: str, *, skip: Sequence[str] = ()
+    ) -> tuple[Run, Task] | None:
+        """Claim the oldest unfinished task of ``queue`` that no live runner holds,
+        as :meth:`begin_run` does (recovery and ``run_started`` included).
+
+        Returns None at once when there is none; never waits for a held task.
+        Ids in ``skip`` are passed over. The caller must call :meth:`end_run`.
+        """
+        ...
+
+    def check_lease(self, run: Run) -> None:
+        """Raise :class:`~ninelives.errors.LeaseLost` unless this runner surely still
+        holds the task: called before a tool's effect. Renews the lease first when
+        too little of it is known to remain; otherwise costs no round trip."""
+        ...
+
+    def abandon_run(self, run: Run) -> None:
+        """Give the task up now, from any thread: a new epoch fences the runner out
+        (its next commit raises LeaseLost) and the next claim recovers its step.
+        Never raises."""
+        ...
+
+    def unfinished(self, queue: str) -> int:
+        """How many tasks of ``queue`` are still ``pending`` or ``running``."""
         ...
 
     def start_step(self, run: Run, idx: int, tool: str) -> int:
@@ -120,17 +158,80 @@ def is_postgres_url(url: str) -> bool:
     return url.startswith(("postgresql://", "postgres://"))
 
 
-def open_store(url: str, *, create: bool = True) -> Store:
+DEFAULT_LEASE = 30.0
+
+#: The value NINELIVES_TEST_DISABLE_FENCING must hold, followed by the database URL.
+_UNFENCED_PREFIX = "unsafe-test-only:"
+
+
+def lease_settings(
+    env: Mapping[str, str] | None = None,
+    *,
+    lease: float | None = None,
+    heartbeat: float | None = None,
+) -> tuple[float, float]:
+    """``(lease, heartbeat)`` in seconds: the arguments, else ``NINELIVES_LEASE`` and
+    ``NINELIVES_HEARTBEAT``, else 30 s and a third of the lease.
+
+    The heartbeat must be shorter than the lease; bad values are an :class:`InputError`.
+    """
+    env = os.environ if env is None else env
+
+    def seconds(name: str, given: float | None, default: float) -> float:
+        if given is not None:
+            value = float(given)
+        elif env.get(name):
+            try:
+                value = float(env[name])
+            except ValueError:
+                raise InputError(f"{name} must be a number of seconds, got {env[name]!r}") from None
+        else:
+            return default
+        if not 0.05 <= value <= 86400:  # also refuses NaN
+            raise InputError(f"{name.lower()} must be 0.05-86400 seconds, got {value!r}")
+        return value
+
+    lease_s = seconds("NINELIVES_LEASE", lease, DEFAULT_LEASE)
+    beat = seconds("NINELIVES_HEARTBEAT", heartbeat, lease_s / 3)
+    if beat >= lease_s:
+        raise InputError(
+            f"the heartbeat ({beat:g} s) must be shorter than the lease ({lease_s:g} s)"
+        )
+    return lease_s, beat
+
+
+def fencing_disabled(url: str, env: Mapping[str, str] | None = None) -> bool:
+    """True only in the negative-control tests that prove fencing is what protects.
+
+    TEST-ONLY. ``NINELIVES_TEST_DISABLE_FENCING`` must hold exactly
+    ``unsafe-test-only:`` followed by this very database URL (or SQLite path):
+    a stray ``=1`` or a value exported for another database does nothing, so
+    the switch cannot be thrown by accident. When it is, the store says so on
+    stderr each time it opens.
+    """
+    env = os.environ if env is None else env
+    return env.get("NINELIVES_TEST_DISABLE_FENCING", "") == _UNFENCED_PREFIX + url
+
+
+def open_store(
+    url: str,
+    *,
+    create: bool = True,
+    lease: float | None = None,
+    heartbeat: float | None = None,
+) -> Store:
     """Open the store that ``url`` names: a PostgreSQL URL or a SQLite path.
 
     ``sqlite:///path`` is accepted as well as a plain path. With ``create``
     false, a SQLite file that does not exist is not created: the returned
-    store answers every read with "unknown task".
+    store answers every read with "unknown task". ``lease`` and ``heartbeat``
+    (seconds) override :func:`lease_settings` on PostgreSQL.
     """
     if is_postgres_url(url):
         from .postgres import PostgresStore  # the only place psycopg gets imported
 
-        return PostgresStore(url)
+        lease_s, beat = lease_settings(lease=lease, heartbeat=heartbeat)
+        return PostgresStore(url, lease=lease_s, heartbeat=beat)
     from .sqlite import SQLiteStore
 
     path = url.removeprefix("sqlite://") if url.startswith("sqlite:///") else url

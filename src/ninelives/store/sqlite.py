@@ -13,25 +13,27 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from .. import crashpoints
-from ..errors import CommitUnknown, LeaseLost, StoreError, TaskExists, UnknownTask
+from ..errors import CommitUnknown, LeaseLost, StoreError, TaskBusy, TaskExists, UnknownTask
 from ..journal import dumps
 from ..locking import TaskLock
 from ..models import Event, EventKind, Run, Step, StepStatus, Task, TaskStatus, load_json_object
 from ..plan import Plan
-from . import sql
+from . import fencing_disabled, sql
 
 Q = sql.load_queries("sqlite")
 BUSY_TIMEOUT = 60.0
 
 # Failures after which a write's outcome is unknown: the pages may or may not
 # have reached the disk, and SQLite may bring the row back after a crash.
-_UNKNOWN_OUTCOME = ("SQLITE_IOERR", "SQLITE_FULL", "SQLITE_CORRUPT", "SQLITE_CANTOPEN")
-_UNKNOWN_TEXT = ("disk i/o error", "disk is full", "malformed", "unable to open")
+# A corrupt file is not among them: it is unusable (exit 5), and running
+# again would not help.
+_UNKNOWN_OUTCOME = ("SQLITE_IOERR", "SQLITE_FULL", "SQLITE_CANTOPEN")
+_UNKNOWN_TEXT = ("disk i/o error", "disk is full", "unable to open")
 
 
 def _error_name(exc: sqlite3.Error) -> str:
@@ -47,7 +49,18 @@ class SQLiteStore:
 
     dialect = "sqlite"
 
-    def __init__(self, path: str, *, busy_timeout: float = BUSY_TIMEOUT) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        busy_timeout: float = BUSY_TIMEOUT,
+        connect: Callable[..., sqlite3.Connection] = sqlite3.connect,
+    ) -> None:
+        """Open (creating if needed) the database at ``path`` and migrate it.
+
+        ``connect`` stands in for :func:`sqlite3.connect`; only test harnesses
+        pass it (the power-loss harness runs SQLite over a recording file layer).
+        """
         self.path = os.path.abspath(path)
         self.url = path
         folder = os.path.dirname(self.path)
@@ -56,9 +69,16 @@ class SQLiteStore:
         if os.path.isdir(self.path):
             raise StoreError(f"database path is a directory: {path}")
         self._locks: dict[str, TaskLock] = {}
+        self._folder_synced = False
+        self._fencing = not fencing_disabled(path)
+        if not self._fencing:
+            import sys
+
+            warning = f"ninelives: WARNING: fencing is OFF for {path} (test-only switch)"
+            print(warning, file=sys.stderr)
         self._create_private(self.path)
         try:
-            self._conn = sqlite3.connect(
+            self._conn = connect(
                 self.path, isolation_level=None, timeout=busy_timeout, check_same_thread=False
             )
         except sqlite3.Error as exc:
@@ -122,6 +142,8 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot start a write on {self.url}: {_describe(exc)}") from exc
         try:
+            if not self._folder_synced:
+                self._sync_folder()
             yield conn
             conn.execute("COMMIT")
         except BaseException as exc:
@@ -134,6 +156,26 @@ class SQLiteStore:
             if isinstance(exc, sqlite3.Error):
                 raise self._translate(exc) from exc
             raise
+
+    def _sync_folder(self) -> None:
+        # SQLite fsyncs the folder when it creates the WAL but ignores a failure
+        # of that fsync. The WAL's name must be durable before a commit in it is
+        # acknowledged, so the first write fsyncs the folder (the WAL is open by
+        # then) and stops if that fails.
+        folder = os.path.dirname(self.path)
+        try:
+            fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            # An I/O error inside a write transaction, like any other: exit 6.
+            raise CommitUnknown(
+                f"fsync of the database folder {folder} failed ({exc.strerror}); stopping "
+                "before writing: the next run recovers"
+            ) from None
+        self._folder_synced = True
 
     def _translate(self, exc: sqlite3.Error) -> StoreError:
         name, text = _error_name(exc), _describe(exc).lower()
@@ -180,7 +222,8 @@ class SQLiteStore:
 
     def _fence(self, conn: sqlite3.Connection, run: Run, status: TaskStatus, now: float) -> None:
         cur = conn.execute(
-            Q["fence"], {"status": status.value, "now": now, "id": run.task_id, "epoch": run.epoch}
+            Q["fence" if self._fencing else "fence_unchecked"],
+            {"status": status.value, "now": now, "id": run.task_id, "epoch": run.epoch},
         )
         if cur.rowcount != 1:
             raise LeaseLost(
@@ -190,12 +233,14 @@ class SQLiteStore:
 
     # -- the Store protocol -------------------------------------------------
 
-    def create_task(self, task_id: str, plan: Plan) -> Task:
+    def create_task(self, task_id: str, plan: Plan, *, queue: str | None = None) -> Task:
         now = time.time()
         run_id = os.urandom(16).hex()
         try:
             with self._write() as conn:
-                conn.execute(Q["insert_task"], {"id": task_id, "goal": plan.goal, "now": now})
+                conn.execute(
+                    Q["insert_task"], {"id": task_id, "goal": plan.goal, "now": now, "queue": queue}
+                )
                 conn.executemany(
                     Q["insert_step"],
                     [
@@ -250,31 +295,100 @@ class SQLiteStore:
 
     def begin_run(self, task_id: str, run_id: str) -> tuple[Run, Task]:
         self.get_task(task_id)  # UnknownTask before any lock file is made
+        lock = self._lock(task_id)
+        try:
+            claimed = self._claim(task_id, run_id, queue=None)
+        except BaseException:
+            lock.release()
+            raise
+        assert claimed is not None
+        self._locks[run_id] = lock
+        return claimed
+
+    def claim_next(
+        self, queue: str, run_id: str, *, skip: Sequence[str] = ()
+    ) -> tuple[Run, Task] | None:
+        # One host: the kernel lock is the claim, so a worker tries the oldest
+        # unfinished tasks until it gets one that no live process holds.
+        with self._read() as conn:
+            candidates = [r[0] for r in conn.execute(Q["claim_candidates"], {"queue": queue})]
+        for task_id in candidates:
+            if task_id in skip:
+                continue
+            try:
+                lock = self._lock(task_id)
+            except TaskBusy:
+                continue
+            try:
+                claimed = self._claim(task_id, run_id, queue=queue)
+            except BaseException:
+                lock.release()
+                raise
+            if claimed is None:  # finished by another worker since the candidates were read
+                lock.release()
+                continue
+            self._locks[run_id] = lock
+            return claimed
+        return None
+
+    def _lock(self, task_id: str) -> TaskLock:
         lock = TaskLock(self.path, task_id)
         try:
             lock.acquire()
         except OSError as exc:
             raise StoreError(f"cannot lock task {task_id!r}: {exc.strerror}") from None
-        try:
-            now = time.time()
-            with self._write() as conn:
-                epoch = conn.execute(Q["claim"], {"id": task_id, "now": now}).fetchone()[0]
-                recovered = [r[0] for r in conn.execute(Q["running_steps"], {"id": task_id})]
-                if recovered:
-                    conn.execute(Q["recover_steps"], {"id": task_id})
-                for idx in recovered:
-                    self._event(conn, task_id, run_id, EventKind.STEP_RECOVERED, idx, None, now)
-                self._event(
-                    conn, task_id, run_id, EventKind.RUN_STARTED, None,
-                    {"recovered": recovered}, now,
-                )  # fmt: skip
-                crashpoints.crash("recovery_before_commit")
-                task = self._load(conn, task_id)
-        except BaseException:
-            lock.release()
-            raise
-        self._locks[run_id] = lock
+        return lock
+
+    def _claim(self, task_id: str, run_id: str, *, queue: str | None) -> tuple[Run, Task] | None:
+        """Under the task's lock: a new epoch, recovery and ``run_started`` in one
+        transaction. With ``queue``: None if the task can no longer be claimed."""
+        now = time.time()
+        with self._write() as conn:
+            if queue is not None:
+                found = self._load(conn, task_id)
+                if found.status not in (TaskStatus.PENDING, TaskStatus.RUNNING):
+                    return None
+            epoch = conn.execute(Q["claim"], {"id": task_id, "now": now}).fetchone()[0]
+            recovered = [r[0] for r in conn.execute(Q["running_steps"], {"id": task_id})]
+            if recovered:
+                conn.execute(Q["recover_steps"], {"id": task_id})
+            for idx in recovered:
+                self._event(conn, task_id, run_id, EventKind.STEP_RECOVERED, idx, None, now)
+            self._event(
+                conn, task_id, run_id, EventKind.RUN_STARTED, None,
+                {"recovered": recovered}, now,
+            )  # fmt: skip
+            crashpoints.crash("recovery_before_commit")
+            task = self._load(conn, task_id)
         return Run(task_id=task_id, run_id=run_id, epoch=epoch, recovered=tuple(recovered)), task
+
+    def check_lease(self, run: Run) -> None:
+        # The kernel lock cannot lapse; only a replaced lock file lets another
+        # runner in, and then the epoch has moved. One indexed read, no fsync.
+        if not self._fencing:
+            return
+        try:
+            row = self._conn.execute(Q["get_task"], {"id": run.task_id}).fetchone()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read database {self.url}: {_describe(exc)}") from exc
+        if row is None or row[5] != run.epoch:
+            raise LeaseLost(
+                f"task {run.task_id!r} was taken over by another runner (epoch {run.epoch} "
+                "is no longer current); this runner stops without writing"
+            )
+
+    def abandon_run(self, run: Run) -> None:
+        try:
+            with self._write() as conn:
+                conn.execute(
+                    Q["abandon"], {"id": run.task_id, "epoch": run.epoch, "now": time.time()}
+                )
+        except (StoreError, sqlite3.Error):
+            pass  # the kernel lock dies with this process anyway
+
+    def unfinished(self, queue: str) -> int:
+        with self._read() as conn:
+            return int(conn.execute(Q["unfinished"], {"queue": queue}).fetchone()[0])
 
     def start_step(self, run: Run, idx: int, tool: str) -> int:
         now = time.time()
@@ -316,6 +430,7 @@ class SQLiteStore:
                 conn, run.task_id, run.run_id, EventKind.STEP_ERROR, idx, {"error": error}, now
             )
             if row[0] < max_attempts:
+                crashpoints.crash("error_before_commit", idx)
                 return False
             conn.execute(Q["step_failed"], {"id": run.task_id, "idx": idx})
             self._fence(conn, run, TaskStatus.FAILED, now)
@@ -323,6 +438,7 @@ class SQLiteStore:
             self._event(
                 conn, run.task_id, run.run_id, EventKind.TASK_FAILED, idx, {"reason": reason}, now
             )
+            crashpoints.crash("error_before_commit", idx)
             return True
 
     def finish_task(self, run: Run) -> None:
@@ -350,6 +466,25 @@ class SQLiteStore:
                 data=load_json_object(data),
             )
             for seq, ts, tid, run_id, kind, step_idx, data in rows
+        ]
+
+    def integrity_problems(self) -> list[str]:
+        """``PRAGMA quick_check`` findings; empty when the file is sound.
+
+        Optional part of the store interface: ``verify`` calls it when a store
+        has it (a PostgreSQL server checks its own pages).
+        """
+        try:
+            rows = self._conn.execute("PRAGMA quick_check").fetchall()
+        except sqlite3.Error as exc:
+            return [f"quick_check failed: {_describe(exc)}"]
+        # One finding per line; SQLite prefixes them with a "*** in database" header.
+        return [
+            line
+            for row in rows
+            if row[0] != "ok"
+            for line in str(row[0]).splitlines()
+            if line.strip() and not line.startswith("*** in database")
         ]
 
     def close(self) -> None:

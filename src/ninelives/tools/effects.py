@@ -5,20 +5,29 @@
 if the name exists, so two attempts can never both publish) and fsyncs the
 folder, so the final name either does not exist or holds the complete text,
 even after a power cut.
+
+A failed fsync is never retried, and a write that fails because the storage
+is failing or full (``EIO``, ``ENOSPC``, ...) does not count as a tool error
+to retry: both raise :class:`~ninelives.errors.EffectUnknown`, which stops the
+runner at once; the next run recovers the step.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
 from dataclasses import dataclass
 
 from .. import crashpoints
-from ..errors import ToolError
+from ..errors import EffectUnknown, ToolError
 
 _OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _OPEN_READ = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+#: Errors that say the storage is failing or full: retrying the step in this
+#: process would only use up its attempts.
+_STORAGE_ERRNOS = frozenset({errno.EIO, errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,13 +46,46 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def fsync_dir(folder: str) -> None:
-    """fsync a folder, so names linked or unlinked in it survive power loss."""
-    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+def _fsync(fd: int, path: str) -> None:
+    # Never retried: after a failed fsync the kernel may have dropped the dirty
+    # pages, and a second fsync can report success for data that is gone.
     try:
         os.fsync(fd)
+    except OSError as exc:
+        raise EffectUnknown(
+            f"fsync of {path} failed ({exc.strerror}); whether it is durable is unknown, "
+            "stopping without retrying: the next run recovers"
+        ) from exc
+
+
+def fsync_dir(folder: str) -> None:
+    """fsync a folder, so names linked or unlinked in it survive power loss.
+
+    Raises :class:`~ninelives.errors.EffectUnknown` if the fsync fails.
+    """
+    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        _fsync(fd, folder)
     finally:
         os.close(fd)
+
+
+def make_folder(folder: str) -> None:
+    """Create ``folder`` and its missing parents so that they survive power loss.
+
+    A folder's name lives in its parent, so it is durable only once the parent
+    is fsynced. The parent of ``folder`` is fsynced even when ``folder`` already
+    existed: an earlier attempt may have died between its mkdir and that fsync.
+    """
+    folder = os.path.abspath(folder)
+    created = []
+    path = folder
+    while not os.path.isdir(path) and os.path.dirname(path) != path:
+        created.append(path)
+        path = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    for parent in sorted({os.path.dirname(p) for p in [*created, folder]}, key=len):
+        fsync_dir(parent)
 
 
 def _check_existing(path: str, expected: str) -> None:
@@ -69,10 +111,24 @@ def publish_once(folder: str, name: str, data: bytes, *, step: int | None = None
     Idempotent: a second call with the same content returns
     ``deduplicated=True`` and changes nothing. A different file already at the
     name (or a symlink) is a :class:`ToolError`, never overwritten or followed.
+    A failed fsync, or storage that is failing or full, raises
+    :class:`~ninelives.errors.EffectUnknown` (the temporary file is removed).
     """
     if not name or "/" in name or name.startswith(".") or "\0" in name:
         raise ToolError(f"unsafe artifact name {name!r}")
-    os.makedirs(folder, exist_ok=True)
+    try:
+        return _publish(folder, name, data, step)
+    except OSError as exc:
+        if exc.errno in _STORAGE_ERRNOS:
+            raise EffectUnknown(
+                f"publishing {name} in {folder} failed ({exc.strerror}), stopping: "
+                "the next run recovers"
+            ) from exc
+        raise
+
+
+def _publish(folder: str, name: str, data: bytes, step: int | None) -> Published:
+    make_folder(folder)
     final = os.path.join(folder, name)
     digest = _sha256(data)
     tmp = os.path.join(folder, f".{name}.{os.urandom(8).hex()}.tmp")
@@ -82,7 +138,7 @@ def publish_once(folder: str, name: str, data: bytes, *, step: int | None = None
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
-            os.fsync(fd)
+            _fsync(fd, tmp)
         finally:
             os.close(fd)
         crashpoints.crash("artifact_before_link", step)

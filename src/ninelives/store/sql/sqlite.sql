@@ -11,8 +11,8 @@ SELECT idx, tool, input, status, output, attempts FROM steps WHERE task_id = :id
 SELECT id FROM tasks ORDER BY created_at, id;
 
 -- name: insert_task
-INSERT INTO tasks (id, goal, status, created_at, updated_at)
-VALUES (:id, :goal, 'pending', :now, :now);
+INSERT INTO tasks (id, goal, status, created_at, updated_at, queue)
+VALUES (:id, :goal, 'pending', :now, :now, :queue);
 
 -- name: insert_step
 INSERT INTO steps (task_id, idx, tool, input, status, attempts)
@@ -38,6 +38,27 @@ UPDATE steps SET status = 'pending' WHERE task_id = :id AND status = 'running';
 
 -- name: fence
 UPDATE tasks SET status = :status, updated_at = :now WHERE id = :id AND lease_epoch = :epoch;
+
+-- name: fence_unchecked
+-- Test-only (see ninelives.store.fencing_disabled): the fence without its epoch.
+UPDATE tasks SET status = :status, updated_at = :now WHERE id = :id;
+
+-- name: claim_candidates
+-- Workers on one host: the oldest unfinished tasks of the queue; the per-task
+-- kernel lock then decides which of them this worker gets.
+SELECT id FROM tasks
+WHERE queue = :queue AND status IN ('pending', 'running')
+ORDER BY created_at, id
+LIMIT 64;
+
+-- name: abandon
+-- Give a task up without waiting for its runner: the new epoch fences that
+-- runner out, and the next claim recovers the step it left running.
+UPDATE tasks SET lease_epoch = lease_epoch + 1, updated_at = :now
+WHERE id = :id AND lease_epoch = :epoch;
+
+-- name: unfinished
+SELECT count(*) FROM tasks WHERE queue = :queue AND status IN ('pending', 'running');
 
 -- name: step_running
 UPDATE steps SET status = 'running', attempts = attempts + 1

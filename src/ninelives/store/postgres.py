@@ -1,0 +1,646 @@
+"""The PostgreSQL store: psycopg 3, leases with fencing, for runners on many hosts.
+
+The only module that imports psycopg (``pip install ninelives[postgres]``).
+Same tables and journal semantics as SQLite; what differs is the claim:
+
+* A claim is a lease: ``lease_owner`` and ``lease_expires_at`` set on the
+  database's clock, taken in the same transaction that increments
+  ``lease_epoch``, recovers ``running`` steps and journals ``run_started``.
+  ``run`` takes a task only if its lease is free, expired, or held by a
+  runner whose database session is gone (see ``holder_lock`` in
+  ``sql/postgres.sql``), else :class:`~ninelives.errors.TaskBusy`; workers
+  take the oldest free or expired one with ``FOR UPDATE SKIP LOCKED``.
+* Every commit a runner makes starts with the fence (``UPDATE tasks ... WHERE
+  lease_epoch = :epoch``), which also renews the lease; a heartbeat thread on
+  a connection of its own renews it between commits. A runner paused past its
+  expiry and overtaken finds the fence closed: :class:`LeaseLost`, nothing written.
+* Before a tool's effect, :meth:`PostgresStore.check_lease` refuses to go on
+  unless at least half a lease is known to remain (by the monotonic clock
+  since the last confirmed renewal); otherwise it renews first.
+
+Connections are plain sessions: no pooler in transaction mode in between,
+since a session advisory lock marks a live lease holder.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import errors as pg_errors
+
+# psycopg logs a warning when it leaves a pipeline aborted by an error that we
+# handle ourselves (a unique violation at create, say). With no logging set
+# up, Python's last-resort handler would print it: a second stderr line next
+# to the command's one-line error. A handler on psycopg's logger stops that;
+# an application that configures logging still gets the records.
+if not logging.getLogger("psycopg").handlers:
+    logging.getLogger("psycopg").addHandler(logging.NullHandler())
+
+from .. import crashpoints
+from ..errors import CommitUnknown, LeaseLost, StoreError, TaskBusy, TaskExists, UnknownTask
+from ..journal import dumps
+from ..models import Event, EventKind, Run, Step, StepStatus, Task, TaskStatus, load_json_object
+from ..plan import Plan
+from . import DEFAULT_LEASE, fencing_disabled, sql
+
+Q = sql.load_queries("postgres")
+CONNECT_TIMEOUT = 10
+#: How long ``run`` waits for a row another runner is committing to, before exit 3.
+LOCK_TIMEOUT_MS = 2000
+
+Conn = psycopg.Connection[Any]
+
+
+def redact(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (for messages)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "postgresql://(unparsable URL)"
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _say(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _scalar(conn: Conn, query: str, params: dict[str, Any]) -> Any:
+    row = conn.execute(query, params).fetchone()
+    if row is None:
+        raise StoreError(f"query returned no row: {query.split()[0]}")
+    return row[0]
+
+
+class _Lease:
+    """What this process knows of one lease it holds (mutable, guarded by a lock)."""
+
+    __slots__ = ("lost", "owner", "run", "valid_until")
+
+    def __init__(self, run: Run, owner: str, valid_until: float) -> None:
+        self.run = run
+        self.owner = owner
+        self.valid_until = valid_until  # time.monotonic() before which it surely holds
+        self.lost = False
+
+
+class _Heartbeat:
+    """Renews a store's leases every ``interval`` seconds on a connection of its own."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+        self._leases: dict[str, _Lease] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="ninelives-heartbeat", daemon=True)
+        self._thread.start()
+
+    def add(self, lease: _Lease) -> None:
+        with self._store._mutex:
+            self._leases[lease.run.run_id] = lease
+
+    def remove(self, run_id: str) -> None:
+        with self._store._mutex:
+            self._leases.pop(run_id, None)
+
+    def stop(self) -> None:
+        self._stop.set()
+        # A renewal stuck on a cut link ends by the TCP timeout; never wait for it here.
+        self._thread.join(timeout=1.0)
+
+    def _loop(self) -> None:
+        store = self._store
+        conn: Conn | None = None
+        while not self._stop.wait(store.heartbeat):
+            with store._mutex:
+                leases = [lease for lease in self._leases.values() if not lease.lost]
+            for lease in leases:
+                sent = time.monotonic()
+                try:
+                    if conn is None or conn.closed or conn.broken:
+                        conn = store._connect()
+                    cur = conn.execute(Q["renew"], store._lease_params(lease.run))
+                except (psycopg.Error, StoreError):
+                    if conn is not None:
+                        conn.close()
+                    conn = None
+                    break  # try again next beat; the lease may expire meanwhile
+                store._renewed(lease, sent, ok=cur.rowcount == 1)
+        if conn is not None:
+            conn.close()
+
+
+class PostgresStore:
+    """A :class:`~ninelives.store.Store` on one PostgreSQL database.
+
+    One runner thread per store (plus its heartbeat thread); a worker with
+    several slots opens one store per slot.
+    """
+
+    dialect = "postgres"
+
+    def __init__(
+        self, url: str, *, lease: float = DEFAULT_LEASE, heartbeat: float | None = None
+    ) -> None:
+        self.url = url
+        self.lease = float(lease)
+        self.heartbeat = float(heartbeat) if heartbeat is not None else self.lease / 3
+        self._shown = redact(url)
+        self._fencing = not fencing_disabled(url)
+        if not self._fencing:
+            print(
+                f"ninelives: WARNING: fencing is OFF for {self._shown} (test-only switch)",
+                file=sys.stderr,
+            )
+        self._owner = f"{socket.gethostname()}/{os.getpid()}"
+        self._mutex = threading.Lock()
+        self._leases: dict[str, _Lease] = {}
+        self._heartbeat: _Heartbeat | None = None
+        self._conn: Conn | None = None
+        self._pipe: psycopg.Pipeline | None = None
+        self._checks: list[Callable[[], None]] = []
+        self._conn = self._connect()
+        try:
+            self._configure()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- connections --------------------------------------------------------
+
+    def _connect(self) -> Conn:
+        lease_ms = int(self.lease * 1000)
+        try:
+            conn = psycopg.connect(
+                self.url,
+                autocommit=True,
+                connect_timeout=CONNECT_TIMEOUT,
+                application_name="ninelives",
+                # A request on a dead link fails after one lease instead of
+                # TCP's quarter of an hour; an idle one is probed as often.
+                tcp_user_timeout=max(lease_ms, 5000),
+                keepalives=1,
+                keepalives_idle=max(1, int(self.lease / 2)),
+                keepalives_interval=max(1, int(self.lease / 4)),
+                keepalives_count=3,
+            )
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot connect to {self._shown}: {_say(exc)}") from exc
+        try:
+            # A runner stopped inside a transaction must not keep the task's row
+            # locked forever: the server ends such a session.
+            conn.execute(f"SET idle_in_transaction_session_timeout = {max(lease_ms, 5000)}")
+        except psycopg.Error as exc:
+            conn.close()
+            raise StoreError(f"cannot use {self._shown}: {_say(exc)}") from exc
+        return conn
+
+    def _connection(self) -> Conn:
+        conn = self._conn
+        if conn is None or conn.closed or conn.broken:
+            self._drop()
+            conn = self._conn = self._connect()
+        return conn
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except psycopg.Error:
+                pass
+
+    def _rollback(self, conn: Conn) -> None:
+        try:
+            conn.execute("ROLLBACK")
+        except psycopg.Error:
+            self._drop()
+
+    # -- transactions -------------------------------------------------------
+
+    @contextmanager
+    def _write(self) -> Iterator[Conn]:
+        """One transaction, pipelined: statements are sent without waiting for
+        each reply, and checks that need replies (the fence first) are deferred
+        to :meth:`_settle`, which runs before COMMIT or before any result is
+        read. A fenced commit costs two round trips instead of one per statement."""
+        conn = self._connection()
+        committing = False
+        self._checks = []
+        try:
+            with conn.pipeline() as pipe:
+                self._pipe = pipe
+                conn.execute("BEGIN")
+                yield conn
+                self._settle()
+                committing = True
+                conn.execute("COMMIT")
+            # leaving the pipeline waits for the COMMIT's reply
+        except BaseException as exc:
+            self._checks = []
+            if committing:
+                self._drop()  # whatever the session's state, it is not to be trusted
+            else:
+                self._rollback(conn)
+            if isinstance(exc, pg_errors.UniqueViolation):
+                raise
+            if isinstance(exc, psycopg.Error):
+                raise self._translate(exc, committing=committing) from exc
+            raise
+        finally:
+            self._pipe = None
+
+    def _settle(self) -> None:
+        """Wait for the replies sent so far and run the deferred checks in order."""
+        if not self._checks:
+            return
+        assert self._pipe is not None
+        self._pipe.sync()
+        checks, self._checks = self._checks, []
+        for check in checks:
+            check()
+
+    def _fetch(self, cur: psycopg.Cursor[Any]) -> Any:
+        """``cur.fetchone()`` once the deferred checks (the fence) have passed."""
+        self._settle()
+        return cur.fetchone()
+
+    def _expect_one(self, cur: psycopg.Cursor[Any], error: str) -> None:
+        """Defer: ``cur`` must have changed exactly one row, else StoreError(error)."""
+
+        def check() -> None:
+            if cur.rowcount != 1:
+                raise StoreError(error)
+
+        self._checks.append(check)
+
+    def _translate(self, exc: psycopg.Error, *, committing: bool) -> Exception:
+        if isinstance(exc, pg_errors.LockNotAvailable):
+            return TaskBusy("the task is being committed by another live runner; try again")
+        if committing:
+            return CommitUnknown(
+                f"commit to {self._shown} failed ({_say(exc)}); its outcome is unknown, "
+                "stopping now: the next run recovers"
+            )
+        return StoreError(f"database {self._shown}: {_say(exc)}")
+
+    @contextmanager
+    def _read(self) -> Iterator[Conn]:
+        conn = self._connection()
+        try:
+            with conn.pipeline():
+                conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                yield conn
+                conn.execute("COMMIT")
+        except BaseException as exc:
+            self._rollback(conn)
+            if isinstance(exc, psycopg.Error):
+                raise StoreError(f"cannot read {self._shown}: {_say(exc)}") from exc
+            raise
+
+    def _configure(self) -> None:
+        steps = sql.migrations(self.dialect)
+        latest = steps[-1][0]
+        conn = self._connection()
+        try:
+            exists = conn.execute(Q["schema_exists"]).fetchone()
+            version = conn.execute(Q["schema_version"]).fetchone() if exists and exists[0] else None
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot use {self._shown}: {_say(exc)}") from exc
+        current = int(version[0]) if version else 0
+        if current > latest:
+            raise StoreError(
+                f"database schema version {current} is newer than this ninelives ({latest})"
+            )
+        if current < latest:
+            self._migrate(steps)
+
+    def _migrate(self, steps: list[tuple[int, str, str]]) -> None:
+        # DDL is transactional here: all of it commits, or none. The advisory
+        # lock makes concurrent first starts (many workers) migrate once.
+        with self._write() as conn:
+            conn.execute(Q["migration_lock"])
+            conn.execute(Q["schema_table"])
+            row = conn.execute(Q["schema_version"]).fetchone()
+            version = int(row[0]) if row else 0
+            for number, name, path in steps:
+                if number > version:
+                    for statement in sql.statements(path):
+                        conn.execute(statement)  # DDL without parameters: sent as is
+                    conn.execute(Q["schema_applied"], {"version": number, "name": name})
+            crashpoints.crash("migration_before_commit")
+
+    # -- leases -------------------------------------------------------------
+
+    def _lease_params(self, run: Run) -> dict[str, Any]:
+        return {"id": run.task_id, "epoch": run.epoch, "lease": self.lease}
+
+    def _renewed(self, lease: _Lease, sent: float, *, ok: bool) -> None:
+        with self._mutex:
+            if ok:
+                lease.valid_until = max(lease.valid_until, sent + self.lease)
+            else:
+                lease.lost = True
+
+    def _hold(self, run: Run, sent: float) -> None:
+        lease = _Lease(run, self._owner, sent + self.lease)
+        self._leases[run.run_id] = lease
+        if self._heartbeat is None:
+            self._heartbeat = _Heartbeat(self)
+        self._heartbeat.add(lease)
+
+    def _after_commit(self, run: Run, sent: float) -> None:
+        lease = self._leases.get(run.run_id)
+        if lease is not None:
+            self._renewed(lease, sent, ok=True)
+
+    def _lost(self, run: Run) -> LeaseLost:
+        return LeaseLost(
+            f"task {run.task_id!r} was taken over by another runner (epoch {run.epoch} "
+            "is no longer current); this runner stops without writing"
+        )
+
+    def _fence(self, conn: Conn, run: Run, status: TaskStatus) -> None:
+        """The first statement of every fenced transaction; its check runs first."""
+        params = {**self._lease_params(run), "status": status.value}
+        cur = conn.execute(Q["fence" if self._fencing else "fence_unchecked"], params)
+
+        def check() -> None:
+            if cur.rowcount != 1:
+                raise self._lost(run)
+
+        self._checks.append(check)
+
+    def _unlock_quietly(self, task_id: str, epoch: int) -> None:
+        try:
+            self._connection().execute(Q["holder_unlock"], {"id": task_id, "epoch": epoch})
+        except (psycopg.Error, StoreError):
+            self._drop()  # a closed session holds no lock
+
+    @staticmethod
+    def _event(
+        conn: Conn,
+        task_id: str,
+        run_id: str,
+        kind: EventKind,
+        step: int | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        conn.execute(
+            Q["insert_event"],
+            {"id": task_id, "run": run_id, "kind": kind.value, "step": step,
+             "data": dumps(data or {})},
+        )  # fmt: skip
+
+    # -- the Store protocol -------------------------------------------------
+
+    def create_task(self, task_id: str, plan: Plan, *, queue: str | None = None) -> Task:
+        run_id = os.urandom(16).hex()
+        try:
+            with self._write() as conn:
+                conn.execute(Q["insert_task"], {"id": task_id, "goal": plan.goal, "queue": queue})
+                with conn.cursor() as cur:
+                    cur.executemany(
+                        Q["insert_step"],
+                        [
+                            {"id": task_id, "idx": i, "tool": s.tool, "input": dumps(s.input)}
+                            for i, s in enumerate(plan.steps)
+                        ],
+                    )
+                self._event(
+                    conn, task_id, run_id, EventKind.TASK_CREATED, None, {"steps": len(plan.steps)}
+                )
+                crashpoints.crash("create_before_commit")
+        except pg_errors.UniqueViolation as exc:
+            raise TaskExists(f"task {task_id!r} already exists") from exc
+        return self.get_task(task_id)
+
+    def get_task(self, task_id: str) -> Task:
+        with self._read() as conn:
+            return self._load(conn, task_id)
+
+    def _load(self, conn: Conn, task_id: str) -> Task:
+        row = conn.execute(Q["get_task"], {"id": task_id}).fetchone()
+        if row is None:
+            raise UnknownTask(f"unknown task {task_id!r}")
+        steps = tuple(
+            Step(
+                task_id=task_id,
+                idx=idx,
+                tool=tool,
+                input=load_json_object(raw_input),
+                status=StepStatus(status),
+                output=load_json_object(output) if output is not None else None,
+                attempts=attempts,
+            )
+            for idx, tool, raw_input, status, output, attempts in conn.execute(
+                Q["get_steps"], {"id": task_id}
+            )
+        )
+        return Task(
+            id=row[0],
+            goal=row[1],
+            status=TaskStatus(row[2]),
+            created_at=row[3],
+            updated_at=row[4],
+            lease_epoch=row[5],
+            steps=steps,
+        )
+
+    def task_ids(self) -> list[str]:
+        with self._read() as conn:
+            return [row[0] for row in conn.execute(Q["task_ids"])]
+
+    def begin_run(self, task_id: str, run_id: str) -> tuple[Run, Task]:
+        sent = time.monotonic()
+        claimed: int | None = None
+        try:
+            with self._write() as conn:
+                conn.execute(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
+                row = conn.execute(Q["lease_state"], {"id": task_id}).fetchone()
+                if row is None:
+                    raise UnknownTask(f"unknown task {task_id!r}")
+                held, live = row
+                if live:
+                    # The holder's session lock is free only if its session is gone.
+                    if not _scalar(conn, Q["holder_lock"], {"id": task_id, "epoch": held}):
+                        raise TaskBusy(
+                            f"task {task_id!r} is being run by another live process "
+                            "(its lease is held)"
+                        )
+                    conn.execute(Q["holder_unlock"], {"id": task_id, "epoch": held})
+                owner = f"{self._owner}/{run_id}"
+                params = {"id": task_id, "owner": owner, "lease": self.lease}
+                epoch = int(_scalar(conn, Q["claim"], params))
+                claimed = epoch
+                run, task = self._recover(conn, task_id, run_id, epoch)
+        except BaseException:
+            if claimed is not None:
+                self._unlock_quietly(task_id, claimed)
+            raise
+        self._hold(run, sent)
+        return run, task
+
+    def claim_next(
+        self, queue: str, run_id: str, *, skip: Sequence[str] = ()
+    ) -> tuple[Run, Task] | None:
+        sent = time.monotonic()
+        claimed: tuple[str, int] | None = None
+        try:
+            with self._write() as conn:
+                row = conn.execute(
+                    Q["claim_next"],
+                    {"queue": queue, "skip": list(skip), "owner": f"{self._owner}/{run_id}",
+                     "lease": self.lease},
+                ).fetchone()  # fmt: skip
+                if row is None:
+                    return None
+                claimed = (row[0], row[1])
+                run, task = self._recover(conn, row[0], run_id, row[1])
+        except BaseException:
+            if claimed is not None:
+                self._unlock_quietly(*claimed)
+            raise
+        self._hold(run, sent)
+        return run, task
+
+    def _recover(self, conn: Conn, task_id: str, run_id: str, epoch: int) -> tuple[Run, Task]:
+        conn.execute(Q["holder_lock"], {"id": task_id, "epoch": epoch})
+        recovered = [r[0] for r in conn.execute(Q["running_steps"], {"id": task_id})]
+        if recovered:
+            conn.execute(Q["recover_steps"], {"id": task_id})
+        for idx in recovered:
+            self._event(conn, task_id, run_id, EventKind.STEP_RECOVERED, idx)
+        self._event(conn, task_id, run_id, EventKind.RUN_STARTED, None, {"recovered": recovered})
+        crashpoints.crash("recovery_before_commit")
+        task = self._load(conn, task_id)
+        return Run(task_id=task_id, run_id=run_id, epoch=epoch, recovered=tuple(recovered)), task
+
+    def check_lease(self, run: Run) -> None:
+        if not self._fencing:
+            return
+        lease = self._leases.get(run.run_id)
+        if lease is None or lease.lost:
+            raise self._lost(run)
+        if time.monotonic() < lease.valid_until - self.lease / 2:
+            return
+        sent = time.monotonic()
+        try:
+            cur = self._connection().execute(Q["renew"], self._lease_params(run))
+        except psycopg.Error as exc:
+            self._drop()
+            raise StoreError(f"cannot renew the lease on {self._shown}: {_say(exc)}") from exc
+        self._renewed(lease, sent, ok=cur.rowcount == 1)
+        if lease.lost:
+            raise self._lost(run)
+
+    def start_step(self, run: Run, idx: int, tool: str) -> int:
+        sent = time.monotonic()
+        with self._write() as conn:
+            self._fence(conn, run, TaskStatus.RUNNING)
+            row = self._fetch(conn.execute(Q["step_running"], {"id": run.task_id, "idx": idx}))
+            if row is None:
+                raise StoreError(f"task {run.task_id!r} step {idx} is not pending")
+            attempt = int(row[0])
+            self._event(
+                conn, run.task_id, run.run_id, EventKind.STEP_STARTED, idx,
+                {"tool": tool, "attempt": attempt},
+            )  # fmt: skip
+        self._after_commit(run, sent)
+        return attempt
+
+    def finish_step(self, run: Run, idx: int, tool: str, output: str, *, last: bool) -> None:
+        sent = time.monotonic()
+        with self._write() as conn:
+            self._fence(conn, run, TaskStatus.DONE if last else TaskStatus.RUNNING)
+            cur = conn.execute(Q["step_done"], {"id": run.task_id, "idx": idx, "output": output})
+            self._expect_one(cur, f"task {run.task_id!r} step {idx} is not running")
+            self._event(conn, run.task_id, run.run_id, EventKind.STEP_FINISHED, idx, {"tool": tool})
+            if last:
+                self._event(conn, run.task_id, run.run_id, EventKind.TASK_DONE)
+        self._after_commit(run, sent)
+
+    def record_error(self, run: Run, idx: int, error: str, max_attempts: int) -> bool:
+        sent = time.monotonic()
+        with self._write() as conn:
+            self._fence(conn, run, TaskStatus.RUNNING)
+            row = self._fetch(
+                conn.execute(Q["step_back"], {"id": run.task_id, "idx": idx, "status": "pending"})
+            )
+            if row is None:
+                raise StoreError(f"task {run.task_id!r} step {idx} is not running")
+            self._event(conn, run.task_id, run.run_id, EventKind.STEP_ERROR, idx, {"error": error})
+            failed = bool(row[0] >= max_attempts)
+            if failed:
+                conn.execute(Q["step_failed"], {"id": run.task_id, "idx": idx})
+                self._fence(conn, run, TaskStatus.FAILED)
+                reason = f"step {idx} failed {row[0]} times; last error: {error}"
+                self._event(
+                    conn, run.task_id, run.run_id, EventKind.TASK_FAILED, idx, {"reason": reason}
+                )
+            crashpoints.crash("error_before_commit", idx)
+        self._after_commit(run, sent)
+        return failed
+
+    def finish_task(self, run: Run) -> None:
+        sent = time.monotonic()
+        with self._write() as conn:
+            self._fence(conn, run, TaskStatus.DONE)
+            self._event(conn, run.task_id, run.run_id, EventKind.TASK_DONE)
+        self._after_commit(run, sent)
+
+    def end_run(self, run: Run) -> None:
+        self._leases.pop(run.run_id, None)
+        if self._heartbeat is not None:
+            self._heartbeat.remove(run.run_id)
+        try:
+            self._connection().execute(Q["release"], {"id": run.task_id, "epoch": run.epoch})
+        except (psycopg.Error, StoreError):
+            self._drop()  # the lease expires by itself, and a closed session holds no lock
+
+    def abandon_run(self, run: Run) -> None:
+        try:
+            self._connection().execute(Q["abandon"], {"id": run.task_id, "epoch": run.epoch})
+        except (psycopg.Error, StoreError):
+            self._drop()  # then the lease expires by itself
+
+    def unfinished(self, queue: str) -> int:
+        with self._read() as conn:
+            row = conn.execute(Q["unfinished"], {"queue": queue}).fetchone()
+        return int(row[0]) if row else 0
+
+    def events(self, task_id: str) -> list[Event]:
+        with self._read() as conn:
+            rows = conn.execute(Q["events"], {"id": task_id}).fetchall()
+        return [
+            Event(
+                seq=seq,
+                ts=ts,
+                task_id=tid,
+                run_id=run_id,
+                kind=kind,
+                step_idx=step_idx,
+                data=load_json_object(data),
+            )
+            for seq, ts, tid, run_id, kind, step_idx, data in rows
+        ]
+
+    def close(self) -> None:
+        for lease in list(self._leases.values()):
+            self.end_run(lease.run)
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self._heartbeat = None
+        self._drop()

@@ -1,0 +1,127 @@
+"""A database that cannot be used (SQLite files): exit 5, one line, the file untouched."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ninelives.testing import Lab, Result
+
+COMMANDS = [("create", "new", "plan.json"), ("run", "t"), ("status", "t"), ("export", "t")]
+
+
+def assert_one_line_error(result: Result, code: int) -> None:
+    assert result.returncode == code, result
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("ninelives: error: ")
+
+
+@pytest.fixture(scope="module")
+def good_db(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """The bytes of a real database holding one task run to done."""
+    lab = Lab(tmp_path_factory.mktemp("good") / "lab")
+    lab.guide_setup()
+    assert lab.cli("create", "t", "plan.json").returncode == 0
+    assert lab.cli("run", "t").returncode == 0
+    return (lab.root / "state.db").read_bytes()
+
+
+def _garbage_pages(data: bytes) -> bytes:
+    # Keep page 1 (header and schema root), scribble over every later page.
+    return data[:4096] + bytes([0xA5]) * (len(data) - 4096)
+
+
+def _garbage_schema(data: bytes) -> bytes:
+    return data[:100] + bytes([0x5A]) * (4096 - 100) + data[4096:]
+
+
+CORRUPTIONS: dict[str, Callable[[bytes], bytes]] = {
+    "text file": lambda _: b"hello, I am not a database\n",
+    "random bytes": lambda _: bytes(range(256)) * 64,
+    "header then garbage": lambda _: b"SQLite format 3\x00" + bytes([0xA5]) * 8000,
+    "truncated header": lambda data: data[:100],
+    "truncated after page 1": lambda data: data[:4096],
+    "garbage pages": _garbage_pages,
+    "garbage schema": _garbage_schema,
+}
+
+
+@pytest.mark.parametrize("case", list(CORRUPTIONS))
+def test_corrupt_or_foreign_database_exits_5_and_is_not_modified(
+    sqlite_lab: Lab, good_db: bytes, case: str
+) -> None:
+    lab = sqlite_lab
+    lab.guide_setup()
+    db = lab.root / "state.db"
+    db.write_bytes(CORRUPTIONS[case](good_db))
+    files = lab.files()
+    for args in COMMANDS:
+        assert_one_line_error(lab.cli(*args), 5)
+        assert lab.files() == files, args  # same bytes, no -wal, -shm or lock files
+
+
+def test_the_uncorrupted_database_works(sqlite_lab: Lab, good_db: bytes) -> None:
+    # The control: the same bytes, not scribbled over, answer normally.
+    lab = sqlite_lab
+    lab.guide_setup()
+    (lab.root / "state.db").write_bytes(good_db)
+    assert lab.cli("status", "t").json()["status"] == "done"
+    assert lab.cli("run", "t").returncode == 0
+
+
+def test_database_path_that_is_a_folder_exits_5(sqlite_lab: Lab) -> None:
+    lab = sqlite_lab
+    lab.guide_setup()
+    (lab.root / "state.db").mkdir()
+    files = lab.files()
+    for args in COMMANDS:
+        assert_one_line_error(lab.cli(*args), 5)
+    assert lab.files() == files
+
+
+def test_database_in_a_missing_folder_exits_5_and_creates_nothing(
+    sqlite_lab: Lab, tmp_path: Path
+) -> None:
+    lab = Lab(sqlite_lab.root, db="no/such/folder/state.db")
+    lab.guide_setup()
+    everything = lab.files(tmp_path)
+    assert_one_line_error(lab.cli("create", "t", "plan.json"), 5)
+    assert lab.files(tmp_path) == everything
+    # Reads of a database that does not exist are "unknown task", still creating nothing.
+    for args in COMMANDS[1:]:
+        assert_one_line_error(lab.cli(*args), 1)
+    assert lab.files(tmp_path) == everything
+
+
+def test_database_in_an_existing_folder_by_absolute_path(sqlite_lab: Lab, tmp_path: Path) -> None:
+    # The control of the missing-folder case: once the folder exists, it works.
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    lab = Lab(sqlite_lab.root, db=str(folder / "state.db"))
+    lab.guide_setup()
+    assert lab.cli("create", "t", "plan.json").returncode == 0
+    assert lab.cli("run", "t").returncode == 0
+    assert (folder / "state.db").is_file()
+    assert not (lab.root / "state.db").exists()
+
+
+def test_a_newer_schema_is_refused_unchanged(sqlite_lab: Lab, good_db: bytes) -> None:
+    lab = sqlite_lab
+    lab.guide_setup()
+    db = lab.root / "state.db"
+    db.write_bytes(good_db)
+    conn = sqlite3.connect(db)
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    conn.execute(f"PRAGMA user_version = {version + 1}")
+    conn.close()
+    files = lab.files()
+    for args in COMMANDS:
+        result = lab.cli(*args)
+        assert_one_line_error(result, 5)
+        assert "newer" in result.stderr
+    assert lab.files() == files

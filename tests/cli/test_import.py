@@ -1,0 +1,65 @@
+"""``import ninelives.cli`` stays standard-library only and light."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+#: Modules the command's start-up path must not load (slow or third-party).
+HEAVY = ["psycopg", "asyncio", "hashlib", "_hashlib", "importlib.metadata"]
+
+PROBE = """
+import json, sys
+before = set(sys.modules)
+{imports}
+new = sorted(set(sys.modules) - before)
+print(json.dumps(new))
+"""
+
+
+def loaded_by(imports: str) -> list[str]:
+    """The modules that running ``imports`` adds, in a fresh interpreter."""
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE.format(imports=imports)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return list(json.loads(proc.stdout))
+
+
+def third_party(modules: list[str]) -> list[str]:
+    return [
+        m
+        for m in modules
+        if m.split(".")[0] not in sys.stdlib_module_names and m.split(".")[0] != "ninelives"
+    ]
+
+
+def test_import_cli_loads_only_the_standard_library_and_nothing_heavy() -> None:
+    modules = loaded_by("import ninelives.cli")
+    assert "ninelives.cli" in modules
+    assert third_party(modules) == []
+    assert [m for m in HEAVY if m in modules] == []
+    # Nor the runtime, the stores or the tools: they load when a command needs them.
+    lazy = ("ninelives.runtime", "ninelives.store", "ninelives.tools", "ninelives.testing")
+    assert [m for m in modules if m.startswith(lazy)] == []
+
+
+def test_import_ninelives_alone_is_as_light() -> None:
+    modules = loaded_by("import ninelives")
+    assert third_party(modules) == []
+    assert [m for m in HEAVY if m in modules] == []
+
+
+def test_the_probe_sees_heavy_imports() -> None:
+    # The control: the store and the lock-file naming do load sqlite3 and
+    # hashlib, and the same probe reports them.
+    modules = loaded_by(
+        "import ninelives.store.sqlite, ninelives.locking\n"
+        "ninelives.locking.lock_path('state.db', 't')"
+    )
+    assert "sqlite3" in modules
+    assert "hashlib" in modules
+    assert third_party(loaded_by("import pytest")) != []

@@ -1,0 +1,193 @@
+"""``ninelives torture``: random SIGKILLs on fresh tasks of a plan, then the verdict.
+
+The negative control runs a tool that is not idempotent (it appends, then
+lingers before its commit): torture must report duplicates and exit 7.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ninelives.models import Event, Step, StepStatus, Task, TaskStatus
+from ninelives.testing import Lab
+from ninelives.torture import append_log_duplicates, lost_commits, reexecuted_effects
+
+pytestmark = pytest.mark.crash
+
+COUNTS = re.compile(
+    r"kills (\d+)  recoveries (\d+)  re-executed effects (\d+)  duplicates (\d+)  "
+    r"lost commits (\d+)  violations (\d+)"
+)
+
+
+def _counts(stdout: str) -> dict[str, int]:
+    match = COUNTS.search(stdout)
+    assert match, stdout
+    names = ("kills", "recoveries", "reexecuted", "duplicates", "lost", "violations")
+    return dict(zip(names, map(int, match.groups()), strict=True))
+
+
+def test_guide_plan_survives_random_kills(sqlite_lab: Lab) -> None:
+    sqlite_lab.guide_setup()
+    result = sqlite_lab.cli("torture", "plan.json", "--kills", "12", "--seed", "11", "--dir", "t")
+    assert result.returncode == 0, result
+    assert "seed 11 (replay: ninelives torture plan.json --kills 12 --seed 11)" in result.stdout
+    assert "torture: seed 11, 12 kill(s)" in result.stderr
+    counts = _counts(result.stdout)
+    assert counts["kills"] == 12
+    assert counts["duplicates"] == counts["lost"] == counts["violations"] == 0
+    # The kills reached the steps: some run left a step running for the next to recover.
+    assert counts["recoveries"] >= 1, result.stdout
+    assert counts["reexecuted"] == counts["recoveries"]
+    # The scratch folder given with --dir is kept and verifies clean on its own.
+    folder = sqlite_lab.root / "t"
+    verify = sqlite_lab.cli(
+        "--db",
+        str(folder / "state.db"),
+        "verify",
+        "--all",
+        "--artifacts",
+        str(folder / "artifacts"),
+    )
+    assert verify.returncode == 0, verify
+    names = sorted(p.name for p in (folder / "artifacts").iterdir())
+    assert names == sorted(f"{t}-2.md" for t in _task_ids(sqlite_lab, folder)), names
+
+
+def _task_ids(lab: Lab, folder: Path) -> list[str]:
+    import sqlite3
+
+    conn = sqlite3.connect(folder / "state.db")
+    try:
+        return [row[0] for row in conn.execute("SELECT id FROM tasks")]
+    finally:
+        conn.close()
+
+
+def test_parallel_workers(sqlite_lab: Lab) -> None:
+    sqlite_lab.guide_setup()
+    result = sqlite_lab.cli(
+        "torture", "plan.json", "--kills", "6", "--workers", "2", "--seed", "5", "-q"
+    )
+    assert result.returncode == 0, result
+    assert result.stderr == ""
+    assert _counts(result.stdout)["kills"] == 6
+    assert "--workers 2" in result.stdout
+    assert "(removed: all clean)" in result.stdout
+
+
+DUP_TOOL = '''
+"""A tool that is not idempotent: it appends, then lingers before its commit."""
+import hashlib, os, time
+
+def dup(step_input, ctx, idem_key):
+    text = ctx[step_input["from"]]["summary"].encode()
+    folder = os.environ.get("AGENT_ARTIFACTS") or "artifacts"
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, idem_key + ".md")
+    with open(path, "ab") as fh:
+        fh.write(text)
+    time.sleep(0.4)
+    return {"path": path, "sha256": hashlib.sha256(text).hexdigest(), "bytes": len(text)}
+'''
+
+
+def _install_dup_tool(root: Path) -> str:
+    """Register ``dup`` in the ``ninelives.tools`` group, as installing a package would."""
+    site = root / "site"
+    info = site / "dup_tool-0.1.dist-info"
+    info.mkdir(parents=True)
+    (site / "dup_tool.py").write_text(textwrap.dedent(DUP_TOOL), encoding="utf-8")
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: dup-tool\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[ninelives.tools]\ndup = dup_tool:dup\n")
+    return str(site)
+
+
+def test_negative_control_duplicates_are_found(sqlite_lab: Lab) -> None:
+    sqlite_lab.guide_setup()
+    plan = {
+        "goal": "append twice when killed",
+        "steps": [
+            {"tool": "fetch", "input": {"path": "input/notes.txt"}},
+            {"tool": "summarize", "input": {"from": 0}},
+            {"tool": "dup", "input": {"from": 1}},
+        ],
+    }
+    sqlite_lab.write_plan(plan, "dup.json")
+    site = _install_dup_tool(sqlite_lab.root)
+    result = sqlite_lab.cli(
+        "torture", "dup.json", "--kills", "10", "--seed", "3", "--dir", "t", "-q", PYTHONPATH=site
+    )
+    assert result.returncode == 7, result
+    counts = _counts(result.stdout)
+    assert counts["duplicates"] >= 1, result.stdout
+    assert "artifact_content" in result.stdout
+    assert "replay with --seed 3" in result.stderr
+    assert f"folder {sqlite_lab.root / 't'}\n" in result.stdout  # kept for inspection
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (("plan.json", "--kills", "-1"), 4),
+        (("plan.json", "--workers", "0"), 4),
+        (("plan.json", "--seed", "abc"), 4),
+        (("plan.json", "--pause", "-1"), 4),
+        (("missing.json",), 4),
+        (("plan.json", "--dir", "."), 4),  # already holds state.db
+    ],
+)
+def test_bad_input(sqlite_lab: Lab, args: tuple[str, ...], code: int) -> None:
+    sqlite_lab.guide_setup()
+    assert sqlite_lab.cli("create", "keep", "plan.json").returncode == 0
+    before = sqlite_lab.fingerprint("keep")
+    result = sqlite_lab.cli("torture", *args)
+    assert result.returncode == code, result
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert sqlite_lab.fingerprint("keep") == before
+
+
+# -- the counting rules ----------------------------------------------------------
+
+
+def _task(statuses: list[StepStatus], outputs: list[dict[str, object] | None]) -> Task:
+    steps = tuple(
+        Step(task_id="x", idx=i, tool="write_artifact", input={}, status=s, output=o, attempts=1)
+        for i, (s, o) in enumerate(zip(statuses, outputs, strict=True))
+    )
+    return Task(id="x", goal="", status=TaskStatus.RUNNING, created_at=0, updated_at=0, steps=steps)
+
+
+def test_lost_commits_are_counted() -> None:
+    seen = {0: {"a": 1}, 1: {"b": 2}}
+    kept = _task([StepStatus.DONE, StepStatus.DONE], [{"a": 1}, {"b": 2}])
+    assert lost_commits(seen, kept) == []
+    lost = _task([StepStatus.DONE, StepStatus.PENDING], [{"a": 9}, None])
+    assert lost_commits(seen, lost) == [
+        "x: step 0 output changed after it was acknowledged",
+        "x: step 1 was acknowledged done, now it is not",
+    ]
+
+
+def test_reexecuted_effects_are_attempts_beyond_the_first() -> None:
+    def started(seq: int, step: int) -> Event:
+        return Event(
+            seq=seq, ts=0, task_id="x", run_id="r", kind="step_started", step_idx=step, data={}
+        )
+
+    assert reexecuted_effects([started(1, 0), started(2, 1), started(3, 1), started(4, 1)]) == 2
+
+
+def test_append_log_duplicates(tmp_path: Path) -> None:
+    log = tmp_path / "report.log"
+    log.write_text("s\n---\ns\n---\n", encoding="utf-8")
+    once = _task([StepStatus.DONE], [{"path": "artifacts/report.log", "deduplicated": False}])
+    assert append_log_duplicates([once], str(tmp_path)) == [
+        "report.log: 2 entries for 1 done step(s)"
+    ]
+    twice = [once, _task([StepStatus.DONE], [{"path": "x/report.log"}])]
+    assert append_log_duplicates(twice, str(tmp_path)) == []

@@ -1,0 +1,112 @@
+"""Many processes at once on one database: one runner per task, every task finishes."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import pytest
+
+from ninelives.testing import Lab, five_property_violations
+
+pytestmark = pytest.mark.crash
+
+RUNNERS = 6
+TASKS = 12
+
+
+def _plan(name: str) -> dict[str, Any]:
+    return {
+        "goal": f"Report on {name}",
+        "steps": [
+            {"tool": "fetch", "input": {"path": f"input/{name}.txt"}},
+            {"tool": "summarize", "input": {"from": 0}},
+            {"tool": "write_artifact", "input": {"from": 1}},
+        ],
+    }
+
+
+def _notes(i: int) -> tuple[str, str]:
+    """Distinct notes per task, and their stub summary, so no task can pass with
+    another task's output."""
+    lines = [f"Task {i} line {n}" for n in range(5)]
+    return "\n\n".join(lines) + "\n", "\n".join(lines[:3])
+
+
+def test_same_task_started_by_several_processes_at_once(lab: Lab) -> None:
+    notes, summary = _notes(0)
+    lab.write("input/t0.txt", notes)
+    lab.write_plan(_plan("t0"))
+    assert lab.cli("create", "t0", "plan.json").returncode == 0
+    runners = [lab.spawn("run", "t0", AGENT_STEP_DELAY="0.3") for _ in range(RUNNERS)]
+    outcomes = [(r.communicate(timeout=120), r.returncode) for r in runners]
+    codes = sorted(code for _, code in outcomes)
+    assert set(codes) <= {0, 3}, outcomes
+    assert codes.count(3) >= 1, "no runner was refused: the processes did not overlap"
+    for (_, err), code in outcomes:
+        if code == 3:
+            assert err.splitlines() == [err.splitlines()[0]]
+            assert err.startswith("ninelives: error: ")
+
+    after = lab.snapshot("t0")
+    # Exactly one process worked; any other that exited 0 only found the task done.
+    workers = {e["run"] for e in after.events if e["kind"] == "step_started"}
+    assert len(workers) == 1
+    assert [s["attempts"] for s in after.status["steps"]] == [1, 1, 1]
+    assert (
+        five_property_violations(
+            plan=_plan("t0"),
+            after=after,
+            runs=codes.count(0),
+            artifacts=lab.artifacts(),
+            expected_artifacts={"t0-2.md": summary},
+        )
+        == []
+    )
+
+
+def test_a_dozen_tasks_created_and_run_by_a_dozen_processes_at_once(lab: Lab) -> None:
+    ids = [f"t{i}" for i in range(TASKS)]
+    expected = {}
+    for i, task_id in enumerate(ids):
+        notes, summary = _notes(i)
+        lab.write(f"input/{task_id}.txt", notes)
+        lab.write_plan(_plan(task_id), f"{task_id}.json")
+        expected[f"{task_id}-2.md"] = summary
+
+    # All creates at once, on a database that does not exist yet: the schema
+    # is made once and every task lands.
+    creators = [lab.spawn("create", task_id, f"{task_id}.json") for task_id in ids]
+    for proc in creators:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+
+    runners = [lab.spawn("run", task_id, AGENT_STEP_DELAY="0.05") for task_id in ids]
+    for proc in runners:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        assert "Traceback" not in err
+
+    artifacts = lab.artifacts()
+    assert artifacts == expected
+    for task_id in ids:
+        after = lab.snapshot(task_id)
+        mine = {k: v for k, v in artifacts.items() if k.startswith(f"{task_id}-")}
+        problems = five_property_violations(
+            plan=_plan(task_id),
+            after=after,
+            runs=1,
+            artifacts=mine,
+            expected_artifacts={f"{task_id}-2.md": expected[f"{task_id}-2.md"]},
+        )
+        assert problems == [], task_id
+        assert after.outputs[0]["text"].startswith(f"Task {ids.index(task_id)} line 0")
+
+    db = lab.sqlite_path
+    if db is not None:
+        conn = sqlite3.connect(db)
+        try:
+            assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+            assert conn.execute("SELECT COUNT(*) FROM tasks").fetchone() == (TASKS,)
+        finally:
+            conn.close()

@@ -1,0 +1,152 @@
+"""Task ids, crash point names and environment settings (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ninelives import crashpoints
+from ninelives.errors import InputError, InvalidTaskId
+from ninelives.runtime import check_task_id
+from ninelives.settings import Settings
+
+# -- task ids -----------------------------------------------------------------
+
+PATHLIKE_IDS = [
+    "../x",
+    "a/b",
+    "/abs",
+    "..",
+    ".",
+    "",
+    "-x",
+    "--db",
+    ".hidden",
+    "a\0b",
+    "a\\b",
+    "a b",
+    "a\nb",
+    "tâche",
+    "a" * 129,
+    "a" * 10_000,
+    "_x",
+]
+
+
+@pytest.mark.parametrize("task_id", PATHLIKE_IDS)
+def test_ids_that_could_name_a_path_or_option_are_refused(task_id: str) -> None:
+    with pytest.raises(InvalidTaskId) as info:
+        check_task_id(task_id)
+    assert "\n" not in str(info.value).replace(repr(task_id), "")
+
+
+@pytest.mark.parametrize("task_id", ["a", "0", "demo", "A.b_c-9", "x..y", "a" * 128, "t-2"])
+def test_plain_ids_are_accepted(task_id: str) -> None:
+    # The control: the same check lets every plain id through unchanged.
+    assert check_task_id(task_id) == task_id
+
+
+# -- crash points ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "parsed"),
+    [
+        ("before_effect:0", ("before_effect", 0)),
+        ("after_effect:2", ("after_effect", 2)),
+        ("after_commit:12", ("after_commit", 12)),
+        ("artifact_before_link", ("artifact_before_link", None)),
+    ],
+)
+def test_crash_points_parse(value: str, parsed: tuple[str, int | None]) -> None:
+    assert crashpoints.parse(value) == parsed
+
+
+def test_every_named_point_parses() -> None:
+    for point in crashpoints.POINTS:
+        assert crashpoints.parse(f"{point}:1") == (point, 1)
+
+
+@pytest.mark.parametrize(
+    "value", ["bogus", "bogus:1", "before_effect:x", "before_effect:-1", "after_effect:", ":1", ""]
+)
+def test_bad_crash_points_are_refused(value: str) -> None:
+    with pytest.raises(ValueError, match="crash point"):
+        crashpoints.parse(value)
+
+
+# -- settings -------------------------------------------------------------------
+
+
+def test_defaults_without_any_variable() -> None:
+    assert Settings.from_env({}) == Settings(
+        max_attempts=3,
+        step_delay=0.0,
+        artifacts="artifacts",
+        unsafe_effects=False,
+        llm="stub",
+        ollama_url="http://127.0.0.1:11434",
+        ollama_model="llama3.2",
+        workspace=".",
+    )
+
+
+def test_every_variable_is_read() -> None:
+    settings = Settings.from_env(
+        {
+            "AGENT_MAX_ATTEMPTS": "5",
+            "AGENT_STEP_DELAY": "0.25",
+            "AGENT_ARTIFACTS": "out",
+            "AGENT_UNSAFE_EFFECTS": "1",
+            "AGENT_LLM": "ollama",
+            "OLLAMA_URL": "http://127.0.0.1:1",
+            "OLLAMA_MODEL": "tiny",
+            "NINELIVES_WORKSPACE": "/w",
+            "AGENT_CRASH_AT": "after_commit:1",
+        }
+    )
+    assert settings == Settings(
+        max_attempts=5,
+        step_delay=0.25,
+        artifacts="out",
+        unsafe_effects=True,
+        llm="ollama",
+        ollama_url="http://127.0.0.1:1",
+        ollama_model="tiny",
+        workspace="/w",
+    )
+
+
+@pytest.mark.parametrize(("raw", "unsafe"), [("", False), ("0", False), ("1", True), ("yes", True)])
+def test_unsafe_effects_flag(raw: str, unsafe: bool) -> None:
+    assert Settings.from_env({"AGENT_UNSAFE_EFFECTS": raw}).unsafe_effects is unsafe
+
+
+@pytest.mark.parametrize(
+    ("name", "raw"),
+    [
+        ("AGENT_MAX_ATTEMPTS", "abc"),
+        ("AGENT_MAX_ATTEMPTS", "0"),
+        ("AGENT_MAX_ATTEMPTS", "-1"),
+        ("AGENT_MAX_ATTEMPTS", "1.5"),
+        ("AGENT_STEP_DELAY", "abc"),
+        ("AGENT_STEP_DELAY", "-1"),
+        ("AGENT_STEP_DELAY", "nan"),
+        ("AGENT_CRASH_AT", "bogus"),
+        ("AGENT_CRASH_AT", "before_effect:x"),
+    ],
+)
+def test_malformed_values_are_input_errors(name: str, raw: str) -> None:
+    with pytest.raises(InputError) as info:
+        Settings.from_env({name: raw})
+    assert str(info.value).startswith(name)
+
+
+@pytest.mark.parametrize("raw", ["inf", "1e300", "86400.5"])
+def test_a_delay_too_long_to_sleep_is_refused(raw: str) -> None:
+    # time.sleep() raises OverflowError past ~292 years: refused here instead.
+    with pytest.raises(InputError, match="at most"):
+        Settings.from_env({"AGENT_STEP_DELAY": raw})
+
+
+def test_the_longest_delay_is_accepted() -> None:
+    assert Settings.from_env({"AGENT_STEP_DELAY": "86400"}).step_delay == 86400
