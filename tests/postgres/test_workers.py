@@ -251,7 +251,7 @@ def test_concurrency_runs_tasks_side_by_side(fleet: Fleet) -> None:
     worker = fleet.start(*FAST, "--concurrency", "3", "--drain", AGENT_STEP_DELAY="0.3")
     assert worker.wait(60) == 0, worker.log()
     done = worker.actions("done")
-    assert sorted(r["task"] for r in done) == tasks
+    assert sorted(r["task"] for r in done) == tasks, worker.log()
     assert len({r["worker"] for r in done}) >= 2  # more than one slot ran tasks
     spans = []
     for task_id in tasks:

@@ -15,6 +15,7 @@ from ninelives.errors import TaskExists
 from ninelives.runtime import Runtime
 from ninelives.settings import Settings
 from ninelives.store.sqlite import SQLiteStore
+from ninelives.testing.apswconn import EMPTY, ApswConnection, CommitTracker
 from ninelives.testing.disklayer import (
     SECTOR,
     DiskModel,
@@ -25,7 +26,6 @@ from ninelives.testing.disklayer import (
     recording_vfs,
 )
 from ninelives.testing.lab import GUIDE_PLAN
-from ninelives.testing.powerloss import EMPTY, ApswConnection, CommitTracker
 
 
 def _model(tmp_path: Path) -> tuple[DiskModel, EffectsOS, Trigger]:

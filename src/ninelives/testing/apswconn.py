@@ -1,0 +1,180 @@
+"""SQLite over apsw, shaped like the stdlib ``sqlite3`` the store expects.
+
+The store talks to ``sqlite3.Connection``; the power-loss harness needs SQLite
+on a Python VFS, which only apsw offers (stdlib ``sqlite3`` cannot see an apsw
+VFS: it links another copy of the library). :class:`ApswConnection` is the
+subset of ``sqlite3.Connection`` that :class:`~ninelives.store.sqlite.SQLiteStore`
+uses, over an apsw connection, with apsw errors turned into the ``sqlite3``
+exceptions (and ``sqlite_errorname``) the stdlib would raise. It also records,
+in a :class:`CommitTracker`, the database state of the last acknowledged
+commit and of the one in flight.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import apsw
+
+from .disklayer import PowerCut, Trigger
+
+_DML = ("INSERT", "UPDATE", "DELETE", "REPLACE")
+
+# -- the database state a commit leaves ---------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class DbState:
+    """Every row of every table, and the schema version: what a commit leaves."""
+
+    version: int = 0
+    tables: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = ()
+
+    def rows(self, table: str) -> frozenset[tuple[Any, ...]]:
+        """The rows of ``table`` (empty if it does not exist)."""
+        return frozenset(next((rows for name, rows in self.tables if name == table), ()))
+
+
+EMPTY = DbState()
+
+
+def read_state(query: Callable[[str], Iterable[tuple[Any, ...]]]) -> DbState:
+    """The state of the database that ``query`` reads."""
+    names = sorted(
+        str(row[0])
+        for row in query(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+        )
+    )
+    version = int(next(iter(query("PRAGMA user_version")))[0])
+    tables = tuple(
+        (name, tuple(sorted((tuple(r) for r in query(f'SELECT * FROM "{name}"')), key=repr)))
+        for name in names
+    )
+    return DbState(version=version, tables=tables)
+
+
+class CommitTracker:
+    """The last commit SQLite acknowledged, and the one in flight."""
+
+    def __init__(self, acked: DbState) -> None:
+        self.acked = acked
+        self.inflight: DbState | None = None
+        self.commits = 0
+        #: A phase that failed without a cut: what it raised.
+        self.error: str | None = None
+
+
+# -- apsw behind the sqlite3 interface ----------------------------------------
+
+
+class _Rows:
+    """A finished statement: rows fetched eagerly, like a ``sqlite3.Cursor``."""
+
+    def __init__(self, rows: list[tuple[Any, ...]], rowcount: int) -> None:
+        self._rows = rows
+        self._next = 0
+        self.rowcount = rowcount
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        if self._next >= len(self._rows):
+            return None
+        self._next += 1
+        return self._rows[self._next - 1]
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        rest, self._next = self._rows[self._next :], len(self._rows)
+        return rest
+
+    def __iter__(self) -> Any:
+        return iter(self.fetchall())
+
+
+def translate(exc: apsw.Error) -> sqlite3.Error:
+    """The ``sqlite3`` exception the stdlib would raise for this apsw one."""
+    code = getattr(exc, "extendedresult", None)
+    name = apsw.mapping_extended_result_codes.get(code or -1) or apsw.mapping_result_codes.get(
+        getattr(exc, "result", -1) or -1, ""
+    )
+    kind: type[sqlite3.Error] = sqlite3.OperationalError
+    if isinstance(exc, apsw.ConstraintError):
+        kind = sqlite3.IntegrityError
+    elif isinstance(exc, apsw.CorruptError | apsw.NotADBError):
+        kind = sqlite3.DatabaseError
+    error = kind(str(exc).partition(": ")[2] or str(exc))
+    setattr(error, "sqlite_errorname", name)  # noqa: B010 - not in the 3.10 stubs
+    setattr(error, "sqlite_errorcode", code)  # noqa: B010
+    return error
+
+
+class ApswConnection:
+    """The subset of ``sqlite3.Connection`` that :class:`SQLiteStore` uses, over apsw.
+
+    Runs on the VFS named ``vfs``; records acknowledged commits in ``tracker``;
+    after a cut every call raises :class:`PowerCut`. ``synchronous`` replaces the
+    store's ``PRAGMA synchronous=FULL`` (a negative control).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        vfs: str,
+        trigger: Trigger,
+        tracker: CommitTracker,
+        timeout: float = 5.0,
+        synchronous: str | None = None,
+    ) -> None:
+        self._trigger = trigger
+        self._tracker = tracker
+        self._synchronous = synchronous
+        self._writing = False
+        self._db = self._call(lambda: apsw.Connection(path, vfs=vfs))
+        self._db.setbusytimeout(int(timeout * 1000))
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        try:
+            result = fn()
+        except apsw.Error as exc:
+            if self._trigger.dead:
+                raise PowerCut("the power went during this statement") from exc
+            raise translate(exc) from exc
+        if self._trigger.dead:  # SQLite swallowed the failed write: stop anyway
+            raise PowerCut("the power went during this statement")
+        return result
+
+    def execute(self, sql: str, parameters: Any = None) -> _Rows:
+        verb = " ".join(sql.split()[:2]).upper()
+        if self._synchronous and verb.startswith("PRAGMA SYNCHRONOUS"):
+            sql = f"PRAGMA synchronous={self._synchronous}"
+        commit = verb.startswith(("COMMIT", "END")) and self._writing
+        if commit:
+            self._tracker.inflight = read_state(self._query)
+        rows = self._call(lambda: [tuple(r) for r in self._db.execute(sql, parameters or None)])
+        if verb.startswith("BEGIN IMMEDIATE"):
+            self._writing = True
+        elif verb.startswith(("COMMIT", "END", "ROLLBACK")):
+            self._writing = False
+        if commit:
+            assert self._tracker.inflight is not None
+            self._tracker.acked, self._tracker.inflight = self._tracker.inflight, None
+            self._tracker.commits += 1
+        changed = self._db.changes() if verb.startswith(_DML) else -1
+        return _Rows(rows, changed)
+
+    def executemany(self, sql: str, seq: Iterable[Any]) -> _Rows:
+        self._call(lambda: list(self._db.executemany(sql, seq)))
+        return _Rows([], self._db.changes())
+
+    def _query(self, sql: str) -> list[tuple[Any, ...]]:
+        return [tuple(r) for r in self._call(lambda: list(self._db.execute(sql)))]
+
+    def close(self) -> None:
+        try:
+            self._db.close(force=True)
+        except apsw.Error as exc:
+            if not self._trigger.dead:
+                raise translate(exc) from exc
