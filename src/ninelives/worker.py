@@ -119,8 +119,10 @@ class Worker:
 
             tools = default_registry(self.settings)
         self.tools = tools
-        self._log = log
-        self._step_log = step_log
+        # Slots log from several threads: one line must never be split by another.
+        self._log_lock = threading.Lock()
+        self._log = self._serialized(log)
+        self._step_log = self._serialized(step_log)
         self.name = f"{_hostname()}/{os.getpid()}"
         self._stopping = threading.Event()
         self._signals = 0
@@ -128,6 +130,16 @@ class Worker:
         self._mutex = threading.Lock()
 
     # -- logging ------------------------------------------------------------
+
+    def _serialized(self, log: Callable[[str], None] | None) -> Callable[[str], None] | None:
+        if log is None:
+            return None
+
+        def locked(line: str) -> None:
+            with self._log_lock:
+                log(line)
+
+        return locked
 
     def note(self, slot: int | str, action: str, **fields: Any) -> None:
         """One structured line: ``worker=NAME/SLOT action=ACTION key=value ...``."""
@@ -144,10 +156,16 @@ class Worker:
         Opens every slot's store first, so a database that cannot be used is
         an error here (exit 5) rather than a slot that quietly dies.
         """
-        stores = [self._open() for _ in range(self.options.concurrency)]
+        # Handlers first: a signal while the stores connect stops the worker cleanly.
         previous = {
             sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
         }
+        try:
+            stores = [self._open() for _ in range(self.options.concurrency)]
+        except BaseException:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            raise
         threads = [
             threading.Thread(target=self._slot, args=(i, store), name=f"ninelives-slot-{i}")
             for i, store in enumerate(stores)

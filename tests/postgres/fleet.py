@@ -38,6 +38,14 @@ class Worker:
                     rows.append(row)
         return rows
 
+    def wait_for(self, action: str, timeout: float = 30) -> None:
+        """Until the worker has logged ``action`` (say ``started``: signals are handled)."""
+        deadline = time.monotonic() + timeout
+        while not self.actions(action):
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise AssertionError(f"{self.name} never logged {action}: {self.log()}")
+            time.sleep(0.02)
+
     def log(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 

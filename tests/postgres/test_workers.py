@@ -175,6 +175,7 @@ def test_four_workers_two_hundred_tasks_random_sigkills(pg_database: str, tmp_pa
                 slots[i] = fleet.start(*FAST, "-q", **env)
         assert fleet.store.unfinished("default") == 0, "tasks stranded"
         for worker in slots:
+            worker.wait_for("started")  # a worker still starting up has no handler yet
             worker.signal(signal.SIGTERM)
         assert [w.wait() for w in slots] == [0, 0, 0, 0]
         assert kills == 12
