@@ -2,20 +2,35 @@
 #   make demo   create, kill, resume and show a task on the embedded SQLite default
 #   make test   lint, type-check and run the whole test suite (starts its own PostgreSQL)
 
-PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3.10 python3; do \
+ifndef PYTHON
+PYTHON := $(shell for p in python3.13 python3.12 python3.11 python3.10 python3; do \
 	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
-	&& echo $$p && break; done)
+	2>/dev/null && echo $$p && break; done)
+endif
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench clean system-deps
 
 $(VENV)/.installed: pyproject.toml
 	@test -n "$(PYTHON)" || { echo "ninelives needs Python 3.10 or newer" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
+	@# No PostgreSQL on this machine: the tests run the server bundled in a wheel.
+	@if ! command -v pg_ctl >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then \
+		echo "no PostgreSQL found: installing the pgserver wheel for the tests"; \
+		$(BIN)/python -m pip install -q pgserver; fi
 	@touch $@
+
+# The I/O-fault tests inject errors with strace (Linux only).
+system-deps:
+	@if [ "$$(uname)" = Linux ] && ! command -v strace >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			apt-get install -y -q strace >/dev/null 2>&1 || \
+			{ apt-get update -q >/dev/null && apt-get install -y -q strace >/dev/null; }; \
+		else echo "the I/O-fault tests need strace: install it (e.g. sudo apt-get install strace)" >&2; fi; \
+	fi
 
 demo: $(VENV)/.installed
 	NINELIVES=$(BIN)/ninelives bash scripts/demo.sh
@@ -25,8 +40,9 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff format --check src tests bench examples
 	$(BIN)/mypy
 
-test: lint
+test: lint system-deps
 	NINELIVES_FORBID_SKIPS=1 $(BIN)/pytest
+	$(BIN)/python bench/reliability.py --quick
 
 bench: $(VENV)/.installed
 	$(BIN)/python bench/step_overhead.py

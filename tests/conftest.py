@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -71,6 +72,31 @@ def sqlite_lab(tmp_path: Path) -> Iterator[Lab]:
     lab = Lab(tmp_path / "lab", db="state.db")
     yield lab
     lab.reap()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Off Linux, deselect the tests that need Linux itself (strace, tmpfs mounts,
+    network namespaces) and say so at the end: they are not run, not passed."""
+    if sys.platform.startswith("linux"):
+        return
+    linux_only = [item for item in items if item.get_closest_marker("linux")]
+    if linux_only:
+        items[:] = [item for item in items if not item.get_closest_marker("linux")]
+        config.hook.pytest_deselected(items=linux_only)
+        config.stash[_LINUX_ONLY] = len(linux_only)
+
+
+_LINUX_ONLY = pytest.StashKey[int]()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    count = config.stash.get(_LINUX_ONLY, 0)
+    if count:
+        terminalreporter.write_line(
+            f"ninelives: {count} Linux-only test(s) (I/O faults under strace, full disk, "
+            f"network partition) were not run on {sys.platform}; run them on Linux",
+            yellow=True,
+        )
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .models import Event, EventKind
 
@@ -21,8 +20,7 @@ def dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-@dataclass(frozen=True, kw_only=True)
-class JournalProblem:
+class JournalProblem(NamedTuple):
     """One broken journal invariant, with the ``seq`` of every event involved."""
 
     message: str

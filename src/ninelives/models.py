@@ -1,11 +1,16 @@
-"""Records read back from a store: frozen, keyword-only dataclasses and status Enums."""
+"""Records read back from a store, and the status Enums.
+
+Records are typed ``NamedTuple`` classes: immutable and checked by mypy like
+frozen dataclasses, but each costs a fraction of a millisecond less to define,
+and every command imports them at start-up (the CLI aims to start within
+twice the bare interpreter's time). Build them with keyword arguments.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class TaskStatus(str, Enum):
@@ -45,8 +50,7 @@ class EventKind(str, Enum):
     TASK_FAILED = "task_failed"
 
 
-@dataclass(frozen=True, kw_only=True)
-class Step:
+class Step(NamedTuple):
     """One step of a stored plan and its progress."""
 
     task_id: str
@@ -67,8 +71,7 @@ class Step:
         }
 
 
-@dataclass(frozen=True, kw_only=True)
-class Task:
+class Task(NamedTuple):
     """A stored task with its whole plan, in step order."""
 
     id: str
@@ -93,8 +96,7 @@ class Task:
         return {s.idx: s.output for s in self.steps if s.status is StepStatus.DONE}
 
 
-@dataclass(frozen=True, kw_only=True)
-class Event:
+class Event(NamedTuple):
     """One journal row. ``kind`` stays a string: unknown kinds read back as-is."""
 
     seq: int
@@ -119,19 +121,21 @@ class Event:
         return row
 
 
-@dataclass(frozen=True, kw_only=True)
-class Run:
+class Run(NamedTuple):
     """A runner's hold on a task: its run id and the lease epoch it must still own.
 
     Every write a runner makes is conditional on ``epoch`` being the task's
     current ``lease_epoch`` (fencing); ``recovered`` lists the steps that the
-    run found ``running`` and put back to ``pending``.
+    run found ``running`` and put back to ``pending``; ``started`` is the
+    ``(step index, attempt)`` that the claim transaction itself committed
+    ``running``, when the runner asked for it (``begin_run(start_first=True)``).
     """
 
     task_id: str
     run_id: str
     epoch: int
     recovered: tuple[int, ...]
+    started: tuple[int, int] | None = None
 
 
 def load_json_object(text: str | None) -> dict[str, Any]:

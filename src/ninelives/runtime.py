@@ -13,19 +13,21 @@ import os
 import re
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import crashpoints
 from .errors import CommitUnknown, InputError, InvalidTaskId, TaskFailed
 from .journal import dumps
 from .models import Event, Run, StepStatus, Task, TaskStatus
-from .plan import Plan, load_plan, plan_from_dict, validate
 from .settings import Settings
 from .store import Store, open_store
-from .tools import Registry
-from .tools.effects import remove_orphans
 
-TASK_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+if TYPE_CHECKING:
+    from .plan import Plan
+    from .tools import Registry
+
+# Patterns as text: re caches them compiled on first use (create), not at import.
+TASK_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
 _ELIDE = 60
 
 
@@ -37,7 +39,7 @@ def check_task_id(task_id: str) -> str:
     ``a/b``, ``/abs``), an option (``-x``) or be empty, so artifact names
     built from it stay inside their folder.
     """
-    if not isinstance(task_id, str) or not TASK_ID_RE.fullmatch(task_id):
+    if not isinstance(task_id, str) or not re.fullmatch(TASK_ID_PATTERN, task_id):
         raise InvalidTaskId(
             f"invalid task id {task_id!r}: use 1-128 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
@@ -52,6 +54,9 @@ def prepare(
 
     Raises :class:`~ninelives.errors.InvalidTaskId` or :class:`~ninelives.errors.PlanError`.
     """
+    # Plans and tools load here, not at import: `status` and `export` need neither.
+    from .plan import Plan, load_plan, plan_from_dict, validate
+
     check_task_id(task_id)
     if isinstance(plan, Mapping):
         plan = plan_from_dict(dict(plan))
@@ -61,13 +66,13 @@ def prepare(
     return plan
 
 
-QUEUE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+QUEUE_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
 
 
 def check_queue(queue: str) -> str:
     """Return ``queue`` if it is a plain name (1-64 letters, digits, ``.``, ``_``,
     ``-``, starting with a letter or digit), else raise :class:`InputError`."""
-    if not isinstance(queue, str) or not QUEUE_RE.fullmatch(queue):
+    if not isinstance(queue, str) or not re.fullmatch(QUEUE_PATTERN, queue):
         raise InputError(
             f"invalid queue name {queue!r}: use 1-64 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
@@ -105,12 +110,17 @@ class Runtime:
     ) -> None:
         self.store = store
         self.settings = settings if settings is not None else Settings.from_env()
-        if tools is None:
+        self._tools = tools
+        self._log = log
+
+    @property
+    def tools(self) -> Registry:
+        """The tools steps run with: built when first needed (``status`` never needs them)."""
+        if self._tools is None:
             from .tools.builtin import default_registry
 
-            tools = default_registry(self.settings)
-        self.tools = tools
-        self._log = log
+            self._tools = default_registry(self.settings)
+        return self._tools
 
     def __enter__(self) -> Runtime:
         return self
@@ -160,7 +170,9 @@ class Runtime:
         :class:`~ninelives.errors.CommitUnknown` if a commit fails: then it stops
         without another write, and the next run recovers.
         """
-        run, task = self.store.begin_run(task_id, new_run_id())
+        # The claim transaction also starts the first pending step: with it, a
+        # run costs exactly two commits per step, the floor of this design.
+        run, task = self.store.begin_run(task_id, new_run_id(), start_first=True)
         try:
             return self.execute(run, task)
         finally:
@@ -183,8 +195,15 @@ class Runtime:
         if task.status is TaskStatus.DONE:
             return task
         crashpoints.crash("after_recovery")
+        from .tools.effects import remove_orphans
+
         remove_orphans(self.settings.artifacts, task_id)
-        pending = [s for s in task.steps if s.status is StepStatus.PENDING]
+        started = run.started  # (idx, attempt) committed running by the claim itself
+        pending = [
+            s
+            for s in task.steps
+            if s.status is StepStatus.PENDING or (started is not None and s.idx == started[0])
+        ]
         if not pending:
             crashpoints.crash("before_task_done")
             self.store.finish_task(run)
@@ -193,9 +212,12 @@ class Runtime:
             tool = self.tools.lookup(step.tool)
             last = step is pending[-1]
             while True:
-                if stop is not None and stop():
-                    return self.store.get_task(task_id)
-                attempt = self.store.start_step(run, step.idx, step.tool)
+                if started is not None and started[0] == step.idx:
+                    attempt, started = started[1], None
+                else:
+                    if stop is not None and stop():
+                        return self.store.get_task(task_id)
+                    attempt = self.store.start_step(run, step.idx, step.tool)
                 crashpoints.crash("before_effect", step.idx)
                 if self.settings.step_delay:
                     time.sleep(self.settings.step_delay)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from . import crashpoints
 from .errors import InputError
@@ -13,8 +12,7 @@ from .errors import InputError
 T = TypeVar("T", int, float)
 
 
-@dataclass(frozen=True, kw_only=True)
-class Settings:
+class Settings(NamedTuple):
     """Everything the runtime and the built-in tools read from the environment."""
 
     max_attempts: int = 3

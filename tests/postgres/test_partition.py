@@ -25,7 +25,7 @@ from ninelives.testing import Lab
 from ninelives.testing.lab import GUIDE_PLAN
 from pgcluster import PgCluster, PgUnavailable
 
-pytestmark = [pytest.mark.postgres, pytest.mark.crash, pytest.mark.slow]
+pytestmark = [pytest.mark.postgres, pytest.mark.crash, pytest.mark.slow, pytest.mark.linux]
 
 LEASE = ("--lease", "1.5", "--heartbeat", "0.5", "--poll", "0.1")
 

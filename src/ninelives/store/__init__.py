@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import InputError, UnknownTask
 from ..models import Event, Run, Task
-from ..plan import Plan
+
+if TYPE_CHECKING:
+    from ..plan import Plan
 
 
 class Store(Protocol):
@@ -49,12 +51,17 @@ class Store(Protocol):
         """Every stored task id, oldest first."""
         ...
 
-    def begin_run(self, task_id: str, run_id: str) -> tuple[Run, Task]:
+    def begin_run(
+        self, task_id: str, run_id: str, *, start_first: bool = False
+    ) -> tuple[Run, Task]:
         """Take the task for this runner, recover it, and journal ``run_started``.
 
         In one transaction: increment the lease epoch, put every ``running`` step
         back to ``pending`` with a ``step_recovered`` each, and journal
-        ``run_started`` with the recovered indexes. Returns the run and the task
+        ``run_started`` with the recovered indexes. With ``start_first``, the same
+        transaction also commits the first pending step ``running`` as
+        :meth:`start_step` would (reported in ``Run.started``), so a run costs
+        no commit beyond its steps' two each. Returns the run and the task
         as recovered. Raises :class:`~ninelives.errors.TaskBusy` at once if a live
         runner holds the task, :class:`UnknownTask` if there is no such task.
         The caller must call :meth:`end_run`.
@@ -140,7 +147,9 @@ class MissingStore:
     def get_task(self, task_id: str) -> Task:
         raise self._unknown(task_id)
 
-    def begin_run(self, task_id: str, run_id: str) -> tuple[Run, Task]:
+    def begin_run(
+        self, task_id: str, run_id: str, *, start_first: bool = False
+    ) -> tuple[Run, Task]:
         raise self._unknown(task_id)
 
     def task_ids(self) -> list[str]:

@@ -463,7 +463,9 @@ class PostgresStore:
         with self._read() as conn:
             return [row[0] for row in conn.execute(Q["task_ids"])]
 
-    def begin_run(self, task_id: str, run_id: str) -> tuple[Run, Task]:
+    def begin_run(
+        self, task_id: str, run_id: str, *, start_first: bool = False
+    ) -> tuple[Run, Task]:
         sent = time.monotonic()
         claimed: int | None = None
         try:
@@ -485,7 +487,7 @@ class PostgresStore:
                 params = {"id": task_id, "owner": owner, "lease": self.lease}
                 epoch = int(_scalar(conn, Q["claim"], params))
                 claimed = epoch
-                run, task = self._recover(conn, task_id, run_id, epoch)
+                run, task = self._recover(conn, task_id, run_id, epoch, start_first)
         except BaseException:
             if claimed is not None:
                 self._unlock_quietly(task_id, claimed)
@@ -516,7 +518,9 @@ class PostgresStore:
         self._hold(run, sent)
         return run, task
 
-    def _recover(self, conn: Conn, task_id: str, run_id: str, epoch: int) -> tuple[Run, Task]:
+    def _recover(
+        self, conn: Conn, task_id: str, run_id: str, epoch: int, start_first: bool = False
+    ) -> tuple[Run, Task]:
         conn.execute(Q["holder_lock"], {"id": task_id, "epoch": epoch})
         recovered = [r[0] for r in conn.execute(Q["running_steps"], {"id": task_id})]
         if recovered:
@@ -524,9 +528,25 @@ class PostgresStore:
         for idx in recovered:
             self._event(conn, task_id, run_id, EventKind.STEP_RECOVERED, idx)
         self._event(conn, task_id, run_id, EventKind.RUN_STARTED, None, {"recovered": recovered})
+        started = self._start_first(conn, task_id, run_id) if start_first else None
         crashpoints.crash("recovery_before_commit")
         task = self._load(conn, task_id)
-        return Run(task_id=task_id, run_id=run_id, epoch=epoch, recovered=tuple(recovered)), task
+        run = Run(
+            task_id=task_id, run_id=run_id, epoch=epoch, recovered=tuple(recovered),
+            started=started,
+        )  # fmt: skip
+        return run, task
+
+    def _start_first(self, conn: Conn, task_id: str, run_id: str) -> tuple[int, int] | None:
+        row = self._fetch(conn.execute(Q["first_pending"], {"id": task_id}))
+        if row is None:
+            return None
+        idx, tool = row
+        attempt = int(self._fetch(conn.execute(Q["step_running"], {"id": task_id, "idx": idx}))[0])
+        self._event(
+            conn, task_id, run_id, EventKind.STEP_STARTED, idx, {"tool": tool, "attempt": attempt}
+        )
+        return idx, attempt
 
     def check_lease(self, run: Run) -> None:
         if not self._fencing:

@@ -15,15 +15,17 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import crashpoints
 from ..errors import CommitUnknown, LeaseLost, StoreError, TaskBusy, TaskExists, UnknownTask
 from ..journal import dumps
 from ..locking import TaskLock
 from ..models import Event, EventKind, Run, Step, StepStatus, Task, TaskStatus, load_json_object
-from ..plan import Plan
 from . import fencing_disabled, sql
+
+if TYPE_CHECKING:
+    from ..plan import Plan
 
 Q = sql.load_queries("sqlite")
 BUSY_TIMEOUT = 60.0
@@ -293,11 +295,15 @@ class SQLiteStore:
         with self._read() as conn:
             return [row[0] for row in conn.execute(Q["task_ids"])]
 
-    def begin_run(self, task_id: str, run_id: str) -> tuple[Run, Task]:
-        self.get_task(task_id)  # UnknownTask before any lock file is made
+    def begin_run(
+        self, task_id: str, run_id: str, *, start_first: bool = False
+    ) -> tuple[Run, Task]:
+        with self._read() as conn:  # UnknownTask before any lock file is made
+            if conn.execute(Q["get_task"], {"id": task_id}).fetchone() is None:
+                raise UnknownTask(f"unknown task {task_id!r}")
         lock = self._lock(task_id)
         try:
-            claimed = self._claim(task_id, run_id, queue=None)
+            claimed = self._claim(task_id, run_id, queue=None, start_first=start_first)
         except BaseException:
             lock.release()
             raise
@@ -339,7 +345,9 @@ class SQLiteStore:
             raise StoreError(f"cannot lock task {task_id!r}: {exc.strerror}") from None
         return lock
 
-    def _claim(self, task_id: str, run_id: str, *, queue: str | None) -> tuple[Run, Task] | None:
+    def _claim(
+        self, task_id: str, run_id: str, *, queue: str | None, start_first: bool = False
+    ) -> tuple[Run, Task] | None:
         """Under the task's lock: a new epoch, recovery and ``run_started`` in one
         transaction. With ``queue``: None if the task can no longer be claimed."""
         now = time.time()
@@ -358,9 +366,28 @@ class SQLiteStore:
                 conn, task_id, run_id, EventKind.RUN_STARTED, None,
                 {"recovered": recovered}, now,
             )  # fmt: skip
+            started = self._start_first(conn, task_id, run_id, now) if start_first else None
             crashpoints.crash("recovery_before_commit")
             task = self._load(conn, task_id)
-        return Run(task_id=task_id, run_id=run_id, epoch=epoch, recovered=tuple(recovered)), task
+        run = Run(
+            task_id=task_id, run_id=run_id, epoch=epoch, recovered=tuple(recovered),
+            started=started,
+        )  # fmt: skip
+        return run, task
+
+    def _start_first(
+        self, conn: sqlite3.Connection, task_id: str, run_id: str, now: float
+    ) -> tuple[int, int] | None:
+        row = conn.execute(Q["first_pending"], {"id": task_id}).fetchone()
+        if row is None:
+            return None
+        idx, tool = row
+        attempt = int(conn.execute(Q["step_running"], {"id": task_id, "idx": idx}).fetchone()[0])
+        self._event(
+            conn, task_id, run_id, EventKind.STEP_STARTED, idx,
+            {"tool": tool, "attempt": attempt}, now,
+        )  # fmt: skip
+        return idx, attempt
 
     def check_lease(self, run: Run) -> None:
         # The kernel lock cannot lapse; only a replaced lock file lets another

@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import os
-import re
 
 _HERE = os.path.dirname(__file__)
-_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_NAME = "-- name: "
 
 
 def load_queries(dialect: str) -> dict[str, str]:
     """Parse ``<dialect>.sql`` into ``{name: statement}`` (each block after ``-- name:``)."""
     with open(os.path.join(_HERE, f"{dialect}.sql"), encoding="utf-8") as fh:
         text = fh.read()
-    parts = _NAME.split(text)
-    return {
-        name: body.strip().rstrip(";").strip()
-        for name, body in zip(parts[1::2], parts[2::2], strict=True)
-    }
+    # Plain string splitting, not a regex: every command parses this file at
+    # start-up, and compiling a pattern costs more than the whole split.
+    queries: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith(_NAME):
+            current = queries.setdefault(line[len(_NAME) :].strip(), [])
+        elif current is not None:
+            current.append(line)
+    return {name: "\n".join(body).strip().rstrip(";").strip() for name, body in queries.items()}
 
 
 def migrations(dialect: str) -> list[tuple[int, str, str]]:
@@ -29,10 +33,12 @@ def migrations(dialect: str) -> list[tuple[int, str, str]]:
     """
     folder = os.path.join(_HERE, "migrations")
     found = []
+    suffix = f".{dialect}.sql"
     for filename in sorted(os.listdir(folder)):
-        match = re.fullmatch(rf"(\d{{4}})_(\w+)\.{dialect}\.sql", filename)
-        if match:
-            found.append((int(match[1]), match[2], os.path.join(folder, filename)))
+        stem = filename.removesuffix(suffix)
+        number, _, name = stem.partition("_")
+        if stem != filename and len(number) == 4 and number.isdigit() and name:
+            found.append((int(number), name, os.path.join(folder, filename)))
     return found
 
 

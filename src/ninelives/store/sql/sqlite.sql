@@ -60,6 +60,11 @@ WHERE id = :id AND lease_epoch = :epoch;
 -- name: unfinished
 SELECT count(*) FROM tasks WHERE queue = :queue AND status IN ('pending', 'running');
 
+-- name: first_pending
+SELECT s.idx, s.tool FROM steps s JOIN tasks t ON t.id = s.task_id
+WHERE s.task_id = :id AND s.status = 'pending' AND t.status IN ('pending', 'running')
+ORDER BY s.idx LIMIT 1;
+
 -- name: step_running
 UPDATE steps SET status = 'running', attempts = attempts + 1
 WHERE task_id = :id AND idx = :idx AND status = 'pending'
