@@ -9,6 +9,7 @@ twice the bare interpreter's time). Build them with keyword arguments.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from enum import Enum
 from typing import Any, NamedTuple
 
@@ -61,6 +62,20 @@ class Step(NamedTuple):
     output: dict[str, Any] | None
     attempts: int
 
+    @classmethod
+    def from_row(cls, task_id: str, row: Sequence[Any]) -> Step:
+        """A step from a ``get_steps`` row: ``(idx, tool, input, status, output, attempts)``."""
+        idx, tool, raw_input, status, output, attempts = row
+        return cls(
+            task_id=task_id,
+            idx=idx,
+            tool=tool,
+            input=load_json_object(raw_input),
+            status=StepStatus(status),
+            output=load_json_object(output) if output is not None else None,
+            attempts=attempts,
+        )
+
     def as_status(self) -> dict[str, Any]:
         """The step as ``status`` prints it (the contract's four keys)."""
         return {
@@ -81,6 +96,21 @@ class Task(NamedTuple):
     updated_at: float
     steps: tuple[Step, ...]
     lease_epoch: int = 0
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any], steps: tuple[Step, ...]) -> Task:
+        """A task from a ``get_task`` row: ``(id, goal, status, created_at,
+        updated_at, lease_epoch)``, with its steps."""
+        task_id, goal, status, created_at, updated_at, lease_epoch = row
+        return cls(
+            id=task_id,
+            goal=goal,
+            status=TaskStatus(status),
+            created_at=created_at,
+            updated_at=updated_at,
+            lease_epoch=lease_epoch,
+            steps=steps,
+        )
 
     def as_status(self) -> dict[str, Any]:
         """The task as ``status --json`` prints it."""
@@ -106,6 +136,20 @@ class Event(NamedTuple):
     kind: str
     step_idx: int | None
     data: dict[str, Any]
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> Event:
+        """An event from an ``events`` row: ``(seq, ts, task_id, run_id, kind, step_idx, data)``."""
+        seq, ts, task_id, run_id, kind, step_idx, data = row
+        return cls(
+            seq=seq,
+            ts=ts,
+            task_id=task_id,
+            run_id=run_id,
+            kind=kind,
+            step_idx=step_idx,
+            data=load_json_object(data),
+        )
 
     def as_export(self) -> dict[str, Any]:
         """The event as ``export`` prints it: fixed keys first, then its data."""

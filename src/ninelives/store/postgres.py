@@ -49,7 +49,7 @@ if not logging.getLogger("psycopg").handlers:
 from .. import crashpoints
 from ..errors import CommitUnknown, LeaseLost, StoreError, TaskBusy, TaskExists, UnknownTask
 from ..journal import dumps
-from ..models import Event, EventKind, Run, Step, StepStatus, Task, TaskStatus, load_json_object
+from ..models import Event, EventKind, Run, Step, Task, TaskStatus
 from ..plan import Plan
 from . import DEFAULT_LEASE, fencing_disabled, sql
 
@@ -435,29 +435,8 @@ class PostgresStore:
         row = conn.execute(Q["get_task"], {"id": task_id}).fetchone()
         if row is None:
             raise UnknownTask(f"unknown task {task_id!r}")
-        steps = tuple(
-            Step(
-                task_id=task_id,
-                idx=idx,
-                tool=tool,
-                input=load_json_object(raw_input),
-                status=StepStatus(status),
-                output=load_json_object(output) if output is not None else None,
-                attempts=attempts,
-            )
-            for idx, tool, raw_input, status, output, attempts in conn.execute(
-                Q["get_steps"], {"id": task_id}
-            )
-        )
-        return Task(
-            id=row[0],
-            goal=row[1],
-            status=TaskStatus(row[2]),
-            created_at=row[3],
-            updated_at=row[4],
-            lease_epoch=row[5],
-            steps=steps,
-        )
+        steps = conn.execute(Q["get_steps"], {"id": task_id})
+        return Task.from_row(row, tuple(Step.from_row(task_id, r) for r in steps))
 
     def task_ids(self) -> list[str]:
         with self._read() as conn:
@@ -644,18 +623,7 @@ class PostgresStore:
     def events(self, task_id: str) -> list[Event]:
         with self._read() as conn:
             rows = conn.execute(Q["events"], {"id": task_id}).fetchall()
-        return [
-            Event(
-                seq=seq,
-                ts=ts,
-                task_id=tid,
-                run_id=run_id,
-                kind=kind,
-                step_idx=step_idx,
-                data=load_json_object(data),
-            )
-            for seq, ts, tid, run_id, kind, step_idx, data in rows
-        ]
+        return [Event.from_row(row) for row in rows]
 
     def close(self) -> None:
         for lease in list(self._leases.values()):
