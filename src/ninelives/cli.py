@@ -95,15 +95,18 @@ def _stderr(line: str) -> None:
 
 
 def cmd_create(args: argparse.Namespace) -> int:
-    from .runtime import prepare
+    from .runtime import check_queue, prepare
+    from .runtime import open as open_runtime
     from .settings import Settings
     from .tools.builtin import default_registry
 
-    # Id and plan are checked before the database is opened: bad input must
-    # not leave a new database file behind.
-    plan = prepare(args.task_id, args.plan_file, default_registry(Settings.from_env()))
-    queue = _queue(args) if args.enqueue or args.queue else None
-    with _runtime(args) as rt:
+    settings = Settings.from_env()
+    tools = default_registry(settings)
+    # Id, plan and queue are checked before the database is opened: bad input
+    # must not leave a new database file behind.
+    plan = prepare(args.task_id, args.plan_file, tools)
+    queue = check_queue(_queue(args)) if args.enqueue or args.queue is not None else None
+    with open_runtime(args.db, settings=settings, tools=tools) as rt:
         task = rt.create(args.task_id, plan, queue=queue)
     where = f" in queue {queue!r}" if queue else ""
     print(f"created task {task.id!r} with {len(task.steps)} steps{where}")
@@ -111,7 +114,9 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 
 def _queue(args: argparse.Namespace) -> str:
-    return str(args.queue or os.environ.get("NINELIVES_QUEUE") or "default")
+    if args.queue is not None:  # given, even empty: checked as given
+        return str(args.queue)
+    return os.environ.get("NINELIVES_QUEUE") or "default"
 
 
 def cmd_submit(args: argparse.Namespace) -> int:

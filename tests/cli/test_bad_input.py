@@ -294,6 +294,8 @@ def test_failed_bad_create_in_an_empty_folder_leaves_no_file(sqlite_lab: Lab) ->
     assert_one_line_error(lab.cli("create", "t", "missing.json"), 4)
     assert_one_line_error(lab.cli("create", "../t", "good.json"), 4)
     assert_one_line_error(lab.cli("create", "t", "good.json", AGENT_MAX_ATTEMPTS="x"), 4)
+    assert_one_line_error(lab.cli("create", "t", "good.json", "--queue", "../q"), 4)
+    assert_one_line_error(lab.cli("submit", "t", "good.json", "--queue", ""), 4)
     assert lab.files() == files
     # The control: the same folder accepts a good create, which makes the database.
     assert lab.cli("create", "t", "good.json").returncode == 0
