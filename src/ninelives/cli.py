@@ -78,11 +78,11 @@ def _terminal_width() -> int:
     return max(columns - 2, 20)
 
 
-def _runtime(args: argparse.Namespace, *, create: bool = True) -> Any:
+def _runtime(args: argparse.Namespace, *, create: bool = True, readonly: bool = False) -> Any:
     from .runtime import open as open_runtime
 
     log = None if getattr(args, "quiet", False) else _stderr
-    return open_runtime(args.db, create=create, log=log)
+    return open_runtime(args.db, create=create, readonly=readonly, log=log)
 
 
 def _stderr(line: str) -> None:
@@ -142,7 +142,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    with _runtime(args, create=False) as rt:
+    with _runtime(args, readonly=True) as rt:
         task = rt.status(args.task_id)
     if args.json or args.outputs or not sys.stdout.isatty():
         view = task.as_status()
@@ -158,7 +158,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    with _runtime(args, create=False) as rt:
+    with _runtime(args, readonly=True) as rt:
         events = rt.export(args.task_id)
     out = sys.stdout
     for event in events:
@@ -175,7 +175,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.artifacts is not None and os.path.exists(args.artifacts):
         if not os.path.isdir(args.artifacts):
             raise InputError(f"--artifacts {args.artifacts}: not a folder")
-    store = open_store(args.db, create=False)
+    store = open_store(args.db, readonly=True)
     try:
         if args.all and isinstance(store, MissingStore):
             raise StoreError(f"no database at {args.db}")

@@ -3,7 +3,9 @@
 ``fcntl.flock`` locks belong to an open file description, so the kernel drops
 them when the process dies, SIGKILL included: no stale PID files. Lock files
 live in ``<db>.locks/`` beside the database; each name is the SHA-256 of the
-task id, so no id can steer a lock file anywhere else.
+task id, so no id can steer a lock file anywhere else. ``<db>`` is the
+database's real path (symlinks resolved, hard links refused by the store), so
+every name of one database file reaches the same locks.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import errno
 import fcntl
 import os
 
-from .errors import TaskBusy
+from .errors import StoreError, TaskBusy
 
 
 def lock_folder(db_path: str) -> str:
@@ -37,11 +39,39 @@ class TaskLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        """Take the lock or raise :class:`TaskBusy` at once (never waits)."""
-        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
-        # os.open makes the descriptor non-inheritable, so a tool's child
-        # process cannot keep the lock alive after this process dies.
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        """Take the lock or raise :class:`TaskBusy` at once (never waits).
+
+        Raises :class:`StoreError` if the lock folder is a symlink or not a
+        folder: two databases (or two names of one) must never share locks
+        through a link, and a link must not steer lock files elsewhere.
+        """
+        folder = os.path.dirname(self.path)
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass
+        # The folder is opened without following a link, and the lock file
+        # created inside that very folder (dir_fd): no swap between check and use.
+        try:
+            dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise StoreError(
+                    f"lock folder {folder} is not a plain folder (a symlink or a file): "
+                    "remove it; ninelives recreates it"
+                ) from None
+            raise
+        try:
+            # os.open makes the descriptor non-inheritable, so a tool's child
+            # process cannot keep the lock alive after this process dies.
+            fd = os.open(
+                os.path.basename(self.path),
+                os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW,
+                0o600,
+                dir_fd=dir_fd,
+            )
+        finally:
+            os.close(dir_fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

@@ -257,13 +257,17 @@ def open(
     settings: Settings | None = None,
     tools: Registry | None = None,
     create: bool = True,
+    readonly: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> Runtime:
     """Open the database at ``url`` (a SQLite path or a ``postgresql://`` URL).
 
     ``settings`` default to the ``AGENT_*`` environment; ``tools`` to the
     built-in tools plus those of the ``ninelives.tools`` entry point group.
-    With ``create`` false a missing SQLite file is not created.
+    With ``create`` false a missing SQLite file is not created; with
+    ``readonly`` a SQLite file is only read (:func:`~ninelives.store.open_store`):
+    :meth:`Runtime.status` and :meth:`Runtime.export` work, running does not.
     """
     settings = settings if settings is not None else Settings.from_env()
-    return Runtime(open_store(url, create=create), settings=settings, tools=tools, log=log)
+    store = open_store(url, create=create, readonly=readonly)
+    return Runtime(store, settings=settings, tools=tools, log=log)

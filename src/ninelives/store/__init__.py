@@ -22,7 +22,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from ..errors import InputError, UnknownTask
+from ..errors import InputError, TaskExists, UnknownTask
 from ..models import Event, Run, Task
 
 if TYPE_CHECKING:
@@ -162,6 +162,19 @@ class MissingStore:
         pass
 
 
+def task_exists(task_id: str, stored: str) -> TaskExists:
+    """The error for a create of ``task_id`` when ``stored`` (equal but for case) exists.
+
+    Ids are unique regardless of case: on a case-insensitive file system
+    ``Demo`` and ``demo`` would publish to one artifact name.
+    """
+    if stored == task_id:
+        return TaskExists(f"task {task_id!r} already exists")
+    return TaskExists(
+        f"task {task_id!r} already exists as {stored!r} (task ids are unique regardless of case)"
+    )
+
+
 def is_postgres_url(url: str) -> bool:
     """True for ``postgresql://`` and ``postgres://`` URLs."""
     return url.startswith(("postgresql://", "postgres://"))
@@ -226,6 +239,7 @@ def open_store(
     url: str,
     *,
     create: bool = True,
+    readonly: bool = False,
     lease: float | None = None,
     heartbeat: float | None = None,
 ) -> Store:
@@ -233,17 +247,25 @@ def open_store(
 
     ``sqlite:///path`` is accepted as well as a plain path. With ``create``
     false, a SQLite file that does not exist is not created: the returned
-    store answers every read with "unknown task". ``lease`` and ``heartbeat``
-    (seconds) override :func:`lease_settings` on PostgreSQL.
+    store answers every read with "unknown task". With ``readonly`` (implies
+    not ``create``) a SQLite file is opened for reading only: never created,
+    migrated or switched to WAL, byte-for-byte unchanged, readable on a
+    read-only file system; the store offers only the reads (``get_task``,
+    ``task_ids``, ``events``). ``lease`` and ``heartbeat`` (seconds) override
+    :func:`lease_settings` on PostgreSQL.
     """
     if is_postgres_url(url):
         from .postgres import PostgresStore  # the only place psycopg gets imported
 
         lease_s, beat = lease_settings(lease=lease, heartbeat=heartbeat)
         return PostgresStore(url, lease=lease_s, heartbeat=beat)
+    path = url.removeprefix("sqlite://") if url.startswith("sqlite:///") else url
+    if readonly:
+        from .sqlite_reader import open_reader
+
+        return open_reader(path)  # type: ignore[return-value]
     from .sqlite import SQLiteStore
 
-    path = url.removeprefix("sqlite://") if url.startswith("sqlite:///") else url
     if not create and not os.path.exists(path):
         return MissingStore(path)  # type: ignore[return-value]
     return SQLiteStore(path)

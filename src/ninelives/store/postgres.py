@@ -51,7 +51,7 @@ from ..errors import CommitUnknown, LeaseLost, StoreError, TaskBusy, TaskExists,
 from ..journal import dumps
 from ..models import Event, EventKind, Run, Step, Task, TaskStatus
 from ..plan import Plan
-from . import DEFAULT_LEASE, fencing_disabled, sql
+from . import DEFAULT_LEASE, fencing_disabled, sql, task_exists
 
 Q = sql.load_queries("postgres")
 CONNECT_TIMEOUT = 10
@@ -410,6 +410,10 @@ class PostgresStore:
         run_id = os.urandom(16).hex()
         try:
             with self._write() as conn:
+                conn.execute(Q["task_id_lock"], {"id": task_id})
+                taken = conn.execute(Q["task_id_taken"], {"id": task_id}).fetchone()
+                if taken is not None:
+                    raise task_exists(task_id, taken[0])
                 conn.execute(Q["insert_task"], {"id": task_id, "goal": plan.goal, "queue": queue})
                 with conn.cursor() as cur:
                     cur.executemany(

@@ -22,7 +22,15 @@ from ..errors import CommitUnknown, LeaseLost, StoreError, TaskBusy, TaskExists,
 from ..journal import dumps
 from ..locking import TaskLock
 from ..models import Event, EventKind, Run, Step, Task, TaskStatus
-from . import fencing_disabled, sql
+from . import fencing_disabled, sql, task_exists
+from .sqlite_files import (
+    CONTRACT_TABLES,
+    check_same_file,
+    check_sqlite_version,
+    identity,
+    not_ours,
+    resolve,
+)
 
 if TYPE_CHECKING:
     from ..plan import Plan
@@ -63,13 +71,11 @@ class SQLiteStore:
         ``connect`` stands in for :func:`sqlite3.connect`; only test harnesses
         pass it (the power-loss harness runs SQLite over a recording file layer).
         """
-        self.path = os.path.abspath(path)
+        check_sqlite_version(sqlite3.sqlite_version_info, sqlite3.sqlite_version)
+        # The real path, so every name of the file (symlinks) shares one WAL and
+        # one lock folder; hard links, FIFOs and devices are refused here.
+        self.path, st = resolve(path, create=True)
         self.url = path
-        folder = os.path.dirname(self.path)
-        if not os.path.isdir(folder):
-            raise StoreError(f"database folder does not exist: {os.path.dirname(path) or '.'}")
-        if os.path.isdir(self.path):
-            raise StoreError(f"database path is a directory: {path}")
         self._locks: dict[str, TaskLock] = {}
         self._folder_synced = False
         self._fencing = not fencing_disabled(path)
@@ -78,7 +84,8 @@ class SQLiteStore:
 
             warning = f"ninelives: WARNING: fencing is OFF for {path} (test-only switch)"
             print(warning, file=sys.stderr)
-        self._create_private(self.path)
+        if st is None:
+            st = self._create_private(self.path)
         try:
             self._conn = connect(
                 self.path, isolation_level=None, timeout=busy_timeout, check_same_thread=False
@@ -86,6 +93,9 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open database {path}: {_describe(exc)}") from exc
         try:
+            # The file connected to is the one checked: nothing swapped in a
+            # link or another file between the checks and the connection.
+            check_same_file(path, self.path, identity(st))
             self._configure()
         except sqlite3.Error as exc:
             self._conn.close()
@@ -95,32 +105,43 @@ class SQLiteStore:
             raise
 
     @staticmethod
-    def _create_private(path: str) -> None:
+    def _create_private(path: str) -> os.stat_result:
         # Create the file ourselves, readable by its owner only: SQLite gives
-        # the -wal and -shm files the same mode as the database.
+        # the -wal and -shm files the same mode as the database. O_NOFOLLOW and
+        # O_EXCL: a link planted at the path since it was resolved is not followed.
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         except FileExistsError:
-            return
+            try:
+                return os.lstat(path)  # created meanwhile by another process
+            except OSError as exc:
+                raise StoreError(f"cannot create database {path}: {exc.strerror}") from None
         except OSError as exc:
             raise StoreError(f"cannot create database {path}: {exc.strerror}") from None
-        os.close(fd)
+        try:
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
 
     def _configure(self) -> None:
         conn = self._conn
-        # Reading the header first: a file that is not a database fails here,
-        # before anything has been written to it.
+        # Everything is read and checked before the first write (the switch to
+        # WAL is one): a file that is not a database fails on the first read, a
+        # foreign or newer database is refused byte-for-byte unchanged.
         version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-            conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.execute("PRAGMA foreign_keys=ON")
+        tables = {r[0] for r in conn.execute(Q["table_names"])}
+        if tables and not CONTRACT_TABLES <= tables:
+            raise not_ours(self.url, tables)
         steps = sql.migrations(self.dialect)
         latest = steps[-1][0]
         if version > latest:
             raise StoreError(
                 f"database schema version {version} is newer than this ninelives ({latest})"
             )
+        if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA foreign_keys=ON")
         if version < latest:
             self._migrate(steps)
 
@@ -240,6 +261,9 @@ class SQLiteStore:
         run_id = os.urandom(16).hex()
         try:
             with self._write() as conn:
+                taken = conn.execute(Q["task_id_taken"], {"id": task_id}).fetchone()
+                if taken is not None:
+                    raise task_exists(task_id, taken[0])
                 conn.execute(
                     Q["insert_task"], {"id": task_id, "goal": plan.goal, "now": now, "queue": queue}
                 )

@@ -9,6 +9,18 @@ SELECT id, goal, status, created_at, updated_at, lease_epoch FROM tasks WHERE id
 -- name: get_steps
 SELECT idx, tool, input, status, output, attempts FROM steps WHERE task_id = %(id)s ORDER BY idx;
 
+-- name: task_id_lock
+-- Serialises concurrent creates of ids equal but for case ("Demo", "demo"):
+-- a transaction-scoped advisory lock on the lower-cased id, taken in its own
+-- statement so that task_id_taken, run after it, sees what the other committed.
+SELECT pg_advisory_xact_lock(hashtextextended('ninelives-task-id:' || lower(%(id)s), 0));
+
+-- name: task_id_taken
+-- Ids are unique regardless of case (artifact names built from them must not
+-- collide on a case-insensitive file system); the tasks_id_lower index
+-- (migration 0004) makes this a lookup, not a scan.
+SELECT id FROM tasks WHERE lower(id) = lower(%(id)s) LIMIT 1;
+
 -- name: task_ids
 SELECT id FROM tasks ORDER BY created_at, id;
 

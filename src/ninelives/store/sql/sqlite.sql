@@ -7,6 +7,12 @@ SELECT id, goal, status, created_at, updated_at, lease_epoch FROM tasks WHERE id
 -- name: get_steps
 SELECT idx, tool, input, status, output, attempts FROM steps WHERE task_id = :id ORDER BY idx;
 
+-- name: task_id_taken
+-- Ids are unique regardless of case (artifact names built from them must not
+-- collide on a case-insensitive file system); the tasks_id_lower index
+-- (migration 0004) makes this a lookup, not a scan.
+SELECT id FROM tasks WHERE lower(id) = lower(:id) LIMIT 1;
+
 -- name: task_ids
 SELECT id FROM tasks ORDER BY created_at, id;
 
@@ -84,3 +90,16 @@ UPDATE steps SET status = 'failed' WHERE task_id = :id AND idx = :idx;
 
 -- name: events
 SELECT seq, ts, task_id, run_id, kind, step_idx, data FROM events WHERE task_id = :id ORDER BY seq;
+
+-- name: table_names
+-- SQLite only: the tables of a file, to tell a ninelives database from another one.
+SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\_%' ESCAPE '\';
+
+-- name: task_columns
+-- SQLite only: the columns tasks has, so read-only commands read older schemas
+-- (the guide's version 0 has no lease columns) without migrating them.
+SELECT name FROM pragma_table_info('tasks');
+
+-- name: get_task_unleased
+-- SQLite only, read-only commands on a schema older than 0002 (no lease_epoch).
+SELECT id, goal, status, created_at, updated_at, 0 FROM tasks WHERE id = :id;

@@ -1,0 +1,139 @@
+"""What a SQLite database path must be before ninelives connects to it.
+
+Every check here runs before :func:`sqlite3.connect`, so a path that is not a
+plain database file is refused with a one-line reason and nothing is created,
+opened for writing or waited on:
+
+* the path is resolved (:func:`os.path.realpath`): a symlink to a database
+  opens that database, and its locks, WAL and lock folder are those of the
+  real file, so two names of one file share one lock;
+* a symlink whose target does not exist is refused (``sqlite3.connect`` would
+  create the target through the link, outside the private-mode creation);
+* anything but a regular file (a folder, a FIFO, a device) is refused: opening a
+  FIFO would hang and a device is not a database;
+* a file with more than one hard link is refused: SQLite names the WAL after
+  the path it opened, so two names of one file get two WALs, and commits made
+  through one name are lost when the other checkpoints;
+* the SQLite library must have ``RETURNING`` (3.35+).
+
+:func:`identity` is ``(st_dev, st_ino)``: the store checks after connecting
+that the path still names the file it checked.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from ..errors import StoreError
+
+#: The oldest SQLite library ninelives can use: ``UPDATE ... RETURNING`` is 3.35.
+MIN_SQLITE = (3, 35, 0)
+
+#: The three tables of the restart-lab contract; a file without them is not ours.
+CONTRACT_TABLES = frozenset({"tasks", "steps", "events"})
+
+_MAGIC = b"SQLite format 3\x00"
+
+
+def check_sqlite_version(version: tuple[int, ...], text: str) -> None:
+    """Raise :class:`StoreError` unless ``version`` (``sqlite3.sqlite_version_info``)
+    is at least :data:`MIN_SQLITE`; ``text`` is the version as SQLite spells it."""
+    if tuple(version[:3]) < MIN_SQLITE:
+        need = ".".join(map(str, MIN_SQLITE[:2]))
+        raise StoreError(
+            f"the SQLite library is version {text}; ninelives needs {need} or newer "
+            "(for UPDATE ... RETURNING): use a Python built with a newer SQLite"
+        )
+
+
+def resolve(path: str, *, create: bool) -> tuple[str, os.stat_result | None]:
+    """The real path of the database at ``path`` and its ``stat`` (None if absent).
+
+    Raises :class:`StoreError` for a missing folder, a dangling symlink (when
+    ``create``), and anything that is not a single-named regular file.
+    """
+    shown = path
+    real = os.path.realpath(path)
+    folder = os.path.dirname(real)
+    if not os.path.isdir(folder):
+        raise StoreError(f"database folder does not exist: {os.path.dirname(shown) or '.'}")
+    try:
+        st = os.stat(real)
+    except FileNotFoundError:
+        if create and os.path.islink(path):
+            raise StoreError(
+                f"database path {shown} is a symlink to {real}, which does not exist: "
+                "create the database at its real path, or remove the link"
+            ) from None
+        return real, None
+    except OSError as exc:
+        raise StoreError(f"cannot use database {shown}: {exc.strerror}") from None
+    check_file(shown, st)
+    return real, st
+
+
+def check_file(shown: str, st: os.stat_result) -> None:
+    """Raise :class:`StoreError` unless ``st`` is a regular file with one name."""
+    if stat.S_ISDIR(st.st_mode):
+        raise StoreError(f"database path is a directory: {shown}")
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "not a regular file"
+        raise StoreError(f"database path {shown} is {kind}: not a database")
+    if st.st_nlink > 1:
+        raise StoreError(
+            f"database file {shown} has {st.st_nlink} hard links: SQLite would keep one "
+            "WAL per name and lose commits made through one name when the other "
+            "checkpoints; keep one name (remove the other links) or copy the file"
+        )
+
+
+def identity(st: os.stat_result) -> tuple[int, int]:
+    """``(st_dev, st_ino)``: which file a path names."""
+    return st.st_dev, st.st_ino
+
+
+def check_same_file(shown: str, real: str, expected: tuple[int, int]) -> None:
+    """Raise :class:`StoreError` unless ``real`` is still the single-named regular
+    file whose identity is ``expected`` (nothing swapped it between check and open)."""
+    try:
+        st = os.lstat(real)
+    except OSError as exc:
+        raise StoreError(f"cannot use database {shown}: {exc.strerror}") from None
+    check_file(shown, st)
+    if identity(st) != expected:
+        raise StoreError(f"database {shown} was replaced while it was being opened; try again")
+
+
+def header(real: str, size: int) -> bytes:
+    """The first 100 bytes of the file (its SQLite header), read without SQLite.
+
+    Raises :class:`StoreError` when a non-empty file does not start like a
+    SQLite database, so a foreign file is refused before any connection."""
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise StoreError(f"cannot read database {real}: {exc.strerror}") from None
+    try:
+        data = os.pread(fd, 100, 0)
+    except OSError as exc:
+        raise StoreError(f"cannot read database {real}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    if size and not data.startswith(_MAGIC):
+        raise StoreError(f"{real} is not a SQLite database (file is not a database)")
+    return data
+
+
+def header_is_wal(data: bytes) -> bool:
+    """True when the header says WAL mode (file format read/write versions 2)."""
+    return len(data) >= 20 and data[18] == 2 and data[19] == 2
+
+
+def not_ours(shown: str, tables: set[str]) -> StoreError:
+    """The error for a SQLite file that holds other tables but not the contract's."""
+    listed = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+    return StoreError(
+        f"{shown} is not a ninelives database (a SQLite file without the tasks, steps "
+        f"and events tables; it has: {listed}); nothing was changed"
+    )

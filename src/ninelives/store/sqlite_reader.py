@@ -1,0 +1,280 @@
+"""Read-only access to a SQLite database: what ``status``, ``export`` and ``verify`` use.
+
+A reader never writes: it never creates the file, never migrates it, never
+switches its journal mode, and leaves no file behind (no ``-wal``, ``-shm`` or
+lock folder that was not there), so a database of another application, or of
+a newer ninelives, is refused byte-for-byte unchanged, and a database on a
+read-only file system can be read.
+
+How it connects depends on what the folder shows:
+
+* a WAL database whose ``-wal`` exists (a writer has it open, or died with
+  commits in it): ``mode=ro``, through SQLite's own locks and the existing
+  ``-wal``/``-shm``, so a reader sees every commit while runners run;
+* a WAL database without ``-wal`` (no writer has it open): SQLite's
+  ``mode=ro`` would create the ``-wal`` and ``-shm`` files and, unable to
+  delete them, leave them behind. The reader instead holds a POSIX read lock
+  on SQLite's SHARED byte range (which keeps a closing writer from
+  checkpointing into the file and a rollback-mode writer from writing it) and
+  reads the file as ``immutable``; after each read it checks the file is
+  unchanged, and if a writer got in meanwhile it reads again through ``mode=ro``;
+* a rollback-journal database: ``mode=ro`` (SQLite creates nothing to read it).
+
+Older schemas are read as they are: the guide's version 0 has no lease
+columns, which read as their defaults. Queries name their columns, so columns
+added by later migrations change nothing here.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import sqlite3
+from collections.abc import Callable
+from typing import TypeVar
+from urllib.parse import quote
+
+from ..errors import StoreError, UnknownTask
+from ..models import Event, Step, Task
+from . import MissingStore, sql
+from .sqlite_files import CONTRACT_TABLES, header, header_is_wal, not_ours, resolve
+
+Q = sql.load_queries("sqlite")
+T = TypeVar("T")
+
+# SQLite's lock bytes (os_unix.c): a reader holds a read lock on the SHARED range.
+_SHARED_FIRST = 0x40000000 + 2
+_SHARED_SIZE = 510
+_BUSY_TIMEOUT = 60.0
+
+
+def open_reader(path: str) -> SQLiteReader | MissingStore:
+    """A reader of the database at ``path``; a :class:`MissingStore` if there is none."""
+    if not os.path.exists(path):  # follows links: a dangling one reads as no database
+        return MissingStore(path)
+    real, st = resolve(path, create=False)
+    if st is None:
+        return MissingStore(path)
+    return SQLiteReader(path, real, wal=header_is_wal(header(real, st.st_size)))
+
+
+def _describe(exc: sqlite3.Error) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def _uri(path: str, **params: str) -> str:
+    query = "&".join(f"{k}={v}" for k, v in params.items())
+    return f"file:{quote(path)}?{query}"
+
+
+class SQLiteReader:
+    """The reads of :class:`~ninelives.store.Store` on one SQLite file, opened read-only."""
+
+    dialect = "sqlite"
+
+    def __init__(self, url: str, path: str, *, wal: bool) -> None:
+        """Open ``path`` (already resolved and checked) for reading; ``url`` is the
+        name the user gave. Raises :class:`StoreError` for a file that is not a
+        ninelives database or has a newer schema, having changed nothing."""
+        self.url = url
+        self.path = path
+        self._lock_fd: int | None = None
+        self._stamp: tuple[int, int, int] | None = None
+        self._conn: sqlite3.Connection | None = None
+        try:
+            self._conn = self._connect(wal)
+            self._get_task, self._empty = self._inspect()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- connecting -----------------------------------------------------------
+
+    def _connect(self, wal: bool) -> sqlite3.Connection:
+        if wal and not os.path.exists(self.path + "-wal") and self._hold_shared():
+            # Checked again under the lock: a writer that opened since made a -wal.
+            if not os.path.exists(self.path + "-wal"):
+                self._stamp = self._file_stamp()
+                return self._open(_uri(self.path, immutable="1"))
+            self._drop_shared()
+        try:
+            return self._open(_uri(self.path, mode="ro"))
+        except StoreError:
+            if not self._readonly_media():
+                raise
+        # A read-only file system, without the -shm a WAL reader needs: nobody
+        # can write here, so reading the file as immutable is exact, provided
+        # no -wal holds commits that are not in the file yet.
+        wal_file = self.path + "-wal"
+        if os.path.exists(wal_file) and os.path.getsize(wal_file) > 0:
+            raise StoreError(
+                f"cannot read database {self.url}: its -wal holds commits but its -shm "
+                "is missing and the folder is read-only"
+            )
+        return self._open(_uri(self.path, immutable="1"))
+
+    def _open(self, uri: str) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(
+                uri, uri=True, isolation_level=None, timeout=_BUSY_TIMEOUT, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open database {self.url}: {_describe(exc)}") from exc
+        try:
+            conn.execute("PRAGMA query_only=ON")
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.Error as exc:
+            conn.close()
+            raise StoreError(f"cannot read database {self.url}: {_describe(exc)}") from exc
+        return conn
+
+    def _readonly_media(self) -> bool:
+        folder = os.path.dirname(self.path)
+        try:
+            return bool(os.statvfs(folder).f_flag & os.ST_RDONLY) or not os.access(folder, os.W_OK)
+        except OSError:
+            return False
+
+    def _hold_shared(self) -> bool:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return False
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, _SHARED_SIZE, _SHARED_FIRST)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                return False  # a writer holds the file: read through SQLite's locks
+            raise StoreError(f"cannot lock database {self.url}: {exc.strerror}") from None
+        self._lock_fd = fd
+        return True
+
+    def _drop_shared(self) -> None:
+        # Closing the descriptor drops the lock. No SQLite connection of this
+        # process has the file open with locks of its own at this point (POSIX
+        # locks are per process and a close would drop them too).
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _file_stamp(self) -> tuple[int, int, int]:
+        st = os.stat(self.path)
+        return st.st_ino, st.st_size, st.st_mtime_ns
+
+    def _inspect(self) -> tuple[str, bool]:
+        def look(conn: sqlite3.Connection) -> tuple[int, set[str], set[str]]:
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            tables = {r[0] for r in conn.execute(Q["table_names"])}
+            columns = {r[0] for r in conn.execute(Q["task_columns"])}
+            return version, tables, columns
+
+        version, tables, columns = self._reading(look)
+        if not tables:
+            return Q["get_task"], True  # an empty file: a database with no task yet
+        if not CONTRACT_TABLES <= tables:
+            raise not_ours(self.url, tables)
+        latest = sql.migrations("sqlite")[-1][0]
+        if version > latest:
+            raise StoreError(
+                f"database schema version {version} is newer than this ninelives ({latest})"
+            )
+        return (Q["get_task"] if "lease_epoch" in columns else Q["get_task_unleased"]), False
+
+    # -- reading ------------------------------------------------------------
+
+    def _reading(self, read: Callable[[sqlite3.Connection], T]) -> T:
+        """``read`` in one read transaction; again through ``mode=ro`` if the file
+        changed under an immutable read (a writer got in)."""
+        assert self._conn is not None
+        try:
+            result = self._transaction(self._conn, read)
+        except sqlite3.Error as exc:
+            if not self._changed():
+                raise StoreError(f"cannot read database {self.url}: {_describe(exc)}") from exc
+        else:
+            if not self._changed():
+                return result
+        self._conn.close()
+        self._conn = None
+        self._drop_shared()
+        self._stamp = None
+        self._conn = self._open(_uri(self.path, mode="ro"))
+        try:
+            return self._transaction(self._conn, read)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read database {self.url}: {_describe(exc)}") from exc
+
+    @staticmethod
+    def _transaction(conn: sqlite3.Connection, read: Callable[[sqlite3.Connection], T]) -> T:
+        conn.execute("BEGIN")
+        try:
+            return read(conn)
+        finally:
+            conn.execute("COMMIT")
+
+    def _changed(self) -> bool:
+        if self._stamp is None:
+            return False  # read through SQLite's own locks: consistent as it is
+        try:
+            return self._file_stamp() != self._stamp or os.path.exists(self.path + "-wal")
+        except OSError:
+            return True
+
+    # -- the reads of the Store protocol --------------------------------------
+
+    def get_task(self, task_id: str) -> Task:
+        """The task with its steps, in one snapshot; :class:`UnknownTask` if absent."""
+        if self._empty:
+            raise UnknownTask(f"unknown task {task_id!r}")
+
+        def load(conn: sqlite3.Connection) -> Task | None:
+            row = conn.execute(self._get_task, {"id": task_id}).fetchone()
+            if row is None:
+                return None
+            steps = conn.execute(Q["get_steps"], {"id": task_id})
+            return Task.from_row(row, tuple(Step.from_row(task_id, r) for r in steps))
+
+        task = self._reading(load)
+        if task is None:
+            raise UnknownTask(f"unknown task {task_id!r}")
+        return task
+
+    def task_ids(self) -> list[str]:
+        """Every stored task id, oldest first."""
+        if self._empty:
+            return []
+        return self._reading(lambda conn: [row[0] for row in conn.execute(Q["task_ids"])])
+
+    def events(self, task_id: str) -> list[Event]:
+        """The task's journal in ``seq`` order (empty for an unknown task)."""
+        if self._empty:
+            return []
+        rows = self._reading(lambda conn: conn.execute(Q["events"], {"id": task_id}).fetchall())
+        return [Event.from_row(row) for row in rows]
+
+    def integrity_problems(self) -> list[str]:
+        """``PRAGMA quick_check`` findings; empty when the file is sound."""
+        try:
+            rows = self._reading(lambda conn: conn.execute("PRAGMA quick_check").fetchall())
+        except StoreError as exc:
+            return [f"quick_check failed: {exc}"]
+        return [
+            line
+            for row in rows
+            if row[0] != "ok"
+            for line in str(row[0]).splitlines()
+            if line.strip() and not line.startswith("*** in database")
+        ]
+
+    def begin_run(self, task_id: str, run_id: str, *, start_first: bool = False) -> None:
+        """Readers do not run tasks."""
+        raise StoreError(f"database {self.url} is open read-only")
+
+    def close(self) -> None:
+        """Close the connection and drop the read lock; idempotent."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        self._drop_shared()
