@@ -144,6 +144,86 @@ def test_task_exists_leaves_the_original(store: Store) -> None:
     assert store.get_task("t1").goal == "three steps"
 
 
+def test_task_ids_are_unique_regardless_of_case(store: Store) -> None:
+    # "Demo" and "demo" would publish to one artifact name on a
+    # case-insensitive file system: the second create is refused.
+    store.create_task("Demo", PLAN)
+    before = snapshot(store, "Demo")
+    for other in ("demo", "DEMO", "dEmO"):
+        with pytest.raises(TaskExists, match=r"'Demo'.*regardless of case"):
+            store.create_task(other, OTHER)
+        with pytest.raises(UnknownTask):
+            store.get_task(other)
+    assert snapshot(store, "Demo") == before
+    assert store.task_ids() == ["Demo"]
+    # The control: ids that differ by more than case are distinct tasks.
+    store.create_task("Demo2", OTHER)
+    store.create_task("demo-2", OTHER)
+    assert store.task_ids() == ["Demo", "Demo2", "demo-2"]
+
+
+def _plan_of_id_lookup(backend: str, url: str) -> str:
+    """How the database finds a task by its lower-cased id (the create check)."""
+    from ninelives.store import sql
+
+    query = sql.load_queries(backend)["task_id_taken"]
+    if backend == "sqlite":
+        import sqlite3
+
+        with sqlite3.connect(url) as conn:
+            rows = conn.execute("EXPLAIN QUERY PLAN " + query, {"id": "x"}).fetchall()
+        return " ".join(str(r[-1]) for r in rows)
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SET enable_seqscan = off")  # a tiny table is scanned otherwise
+        rows = conn.execute("EXPLAIN " + query, {"id": "x"}).fetchall()
+    return " ".join(str(r[0]) for r in rows)
+
+
+def test_the_case_insensitive_id_check_uses_an_index(
+    open_: Opener, backend: str, url: str
+) -> None:
+    open_().create_task("Demo", PLAN)
+    plan = _plan_of_id_lookup(backend, url)
+    assert "tasks_id_lower" in plan, plan
+
+
+def test_migration_keeps_ids_that_already_differ_only_by_case(
+    open_: Opener, backend: str, url: str
+) -> None:
+    # A database of an earlier version may hold "Demo" and "demo" already: the
+    # migration must not fail on it, both stay readable, and a third spelling
+    # is refused.
+    first = open_()
+    first.create_task("Demo", PLAN)
+    first.close()
+    duplicate = (
+        "INSERT INTO tasks (id, goal, status, created_at, updated_at) "
+        "VALUES ('demo', 'older', 'pending', 1, 1)"
+    )
+    if backend == "sqlite":
+        import sqlite3
+
+        with sqlite3.connect(url) as conn:
+            conn.execute("DROP INDEX tasks_id_lower")
+            conn.execute(duplicate)
+            conn.execute("PRAGMA user_version = 3")
+    else:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("DROP INDEX tasks_id_lower")
+            conn.execute(duplicate)
+            conn.execute("DELETE FROM ninelives_schema WHERE version >= 4")
+    store = open_()
+    assert sorted(store.task_ids()) == ["Demo", "demo"]
+    assert store.get_task("demo").goal == "older"
+    with pytest.raises(TaskExists, match="regardless of case"):
+        store.create_task("DEMO", OTHER)
+    assert "tasks_id_lower" in _plan_of_id_lookup(backend, url)
+
+
 def test_unknown_task(store: Store) -> None:
     with pytest.raises(UnknownTask):
         store.get_task("nope")
