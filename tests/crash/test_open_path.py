@@ -96,7 +96,8 @@ def test_a_dangling_symlink_is_not_followed_to_create_a_database(sqlite_lab: Lab
         check=False,
     )
     assert proc.returncode == 5, proc
-    assert "symlink" in proc.stderr and "real.db" in proc.stderr
+    assert "symlink" in proc.stderr
+    assert "real.db" in proc.stderr
     assert not (lab.root / "real.db").exists()
     # Reads through it find no database (and create none).
     assert_one_line_error(lab.cli("status", "t"), 1)

@@ -36,7 +36,7 @@ def test_the_store_checks_the_library_it_runs_on(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 34, 1))
     monkeypatch.setattr(sqlite3, "sqlite_version", "3.34.1")
-    with pytest.raises(StoreError, match="3.34.1"):
+    with pytest.raises(StoreError, match=r"3\.34\.1"):
         open_store(str(tmp_path / "state.db"))
     assert not (tmp_path / "state.db").exists()
     code = cli.main(["--db", str(tmp_path / "other.db"), "status", "t"])
