@@ -181,9 +181,7 @@ def _plan_of_id_lookup(backend: str, url: str) -> str:
     return " ".join(str(r[0]) for r in rows)
 
 
-def test_the_case_insensitive_id_check_uses_an_index(
-    open_: Opener, backend: str, url: str
-) -> None:
+def test_the_case_insensitive_id_check_uses_an_index(open_: Opener, backend: str, url: str) -> None:
     open_().create_task("Demo", PLAN)
     plan = _plan_of_id_lookup(backend, url)
     assert "tasks_id_lower" in plan, plan
