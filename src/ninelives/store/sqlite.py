@@ -25,6 +25,7 @@ from ..models import Event, EventKind, Run, Step, Task, TaskStatus
 from . import fencing_disabled, sql, task_exists
 from .sqlite_files import (
     CONTRACT_TABLES,
+    check_file,
     check_same_file,
     check_sqlite_version,
     identity,
@@ -113,9 +114,11 @@ class SQLiteStore:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         except FileExistsError:
             try:
-                return os.lstat(path)  # created meanwhile by another process
+                st = os.lstat(path)  # created meanwhile by another process
             except OSError as exc:
                 raise StoreError(f"cannot create database {path}: {exc.strerror}") from None
+            check_file(path, st)  # and not a link planted since the path was resolved
+            return st
         except OSError as exc:
             raise StoreError(f"cannot create database {path}: {exc.strerror}") from None
         try:
