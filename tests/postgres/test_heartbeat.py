@@ -30,6 +30,9 @@ pytestmark = [pytest.mark.postgres, pytest.mark.crash]
 
 LEASE = 2.0
 STEP = 6.0  # three leases, with no commit in between
+#: The control's step: the second worker is started only once the first is in its
+#: step, so it gets a wider margin to start up and claim before that step ends.
+CONTROL_STEP = 8.0
 FLAGS = ("--lease", str(LEASE), "--heartbeat", "0.5", "--poll", "0.05")
 ONE_STEP = {
     "goal": "one long step",
@@ -91,7 +94,7 @@ def test_control_without_the_heartbeat_the_other_worker_takes_it(
     fleet.store.create_task("t", plan_from_dict(ONE_STEP), queue="default")
     first = fleet.start(
         *FLAGS,
-        AGENT_STEP_DELAY=str(STEP),
+        AGENT_STEP_DELAY=str(CONTROL_STEP),
         NINELIVES_TEST_DISABLE_HEARTBEAT="unsafe-test-only:" + pg_database,
     )
     fleet.wait_events("t", has("step_started", 0), timeout=60)
@@ -109,7 +112,7 @@ def test_control_without_the_heartbeat_the_other_worker_takes_it(
     assert [e.step_idx for e in events if e.kind == "step_recovered"] == [0]
     taken = next(e for e in events if e.kind == "run_started" and e.run_id == took)
     started = next(e for e in events if e.kind == "step_started" and e.run_id == held)
-    assert taken.ts - started.ts < STEP  # taken while the first was still in its step
+    assert taken.ts - started.ts < CONTROL_STEP  # taken while the first was still in its step
     assert taken.ts - started.ts >= LEASE - 0.1  # and only once its lease had lapsed
     assert [row["run"] for row in first.actions("lease_lost")] == [held]
     assert {e.run_id for e in events if e.kind in ("step_finished", "task_done")} == {took}
