@@ -16,6 +16,9 @@ if TYPE_CHECKING:
     from pgcluster import PgServer
 
 BACKENDS = ["sqlite", "postgres"]
+#: The third backend of tests marked ``fsync_on``: PostgreSQL with the server's
+#: durable defaults (fsync, full_page_writes), not the session cluster's fsync=off.
+FSYNC_ON = "postgres-fsync-on"
 
 
 @pytest.fixture(
@@ -26,12 +29,33 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked ``fsync_on`` that takes ``backend`` runs on a third one too:
+    a cluster of its own with fsync on (started once, for those few tests)."""
+    if "backend" in metafunc.fixturenames and metafunc.definition.get_closest_marker("fsync_on"):
+        # As a mark, so that it replaces the fixture's own params.
+        metafunc.definition.add_marker(
+            pytest.mark.parametrize(
+                "backend",
+                [
+                    "sqlite",
+                    pytest.param("postgres", marks=pytest.mark.postgres),
+                    pytest.param(FSYNC_ON, marks=pytest.mark.postgres),
+                ],
+                indirect=True,
+            )
+        )
+
+
 @pytest.fixture
 def db(backend: str, request: pytest.FixtureRequest) -> str:
     """A fresh, empty database for one test: a SQLite file name (relative to the lab
     folder) or a PostgreSQL URL."""
     if backend == "sqlite":
         return "state.db"
+    if backend == FSYNC_ON:
+        return str(request.getfixturevalue("pg_fsync_database"))
     return str(request.getfixturevalue("pg_database"))
 
 
@@ -48,6 +72,31 @@ def pg_server() -> Iterator[PgServer]:
         pytest.fail(f"PostgreSQL tests cannot run: {exc}", pytrace=False)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_fsync_server() -> Iterator[PgServer]:
+    """A second server for the few tests marked ``fsync_on``: the server's durable
+    defaults (fsync=on, full_page_writes=on). Started on first use only."""
+    from pgcluster import PgUnavailable, start_server
+
+    try:
+        server = start_server(durable=True)
+    except PgUnavailable as exc:
+        pytest.fail(f"PostgreSQL tests cannot run: {exc}", pytrace=False)
+    if server.execute_scalar("SHOW fsync") != "on":
+        server.stop()
+        pytest.fail("the fsync_on tests need a server with fsync=on", pytrace=False)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def pg_fsync_database(pg_fsync_server: PgServer) -> Iterator[str]:
+    """A new, empty database on the fsync=on server, dropped afterwards."""
+    name = pg_fsync_server.create_database()
+    yield pg_fsync_server.url(name)
+    pg_fsync_server.recycle(name)
 
 
 @pytest.fixture

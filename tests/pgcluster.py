@@ -11,7 +11,8 @@ test, never a skip.
 
 The test cluster runs with ``fsync=off``: the suites kill processes, not the
 machine, and a killed process never loses what it handed to the kernel. The
-benchmarks ask for ``durable=True``, the server's defaults.
+benchmarks, and the few tests marked ``fsync_on`` (a second, session-scoped
+cluster), ask for ``durable=True``, the server's defaults.
 """
 
 from __future__ import annotations
@@ -116,6 +117,11 @@ class PgServer:
     def execute(self, statement: str) -> None:
         """Run one statement on the admin connection (autocommit)."""
         self._conn().execute(statement)  # type: ignore[attr-defined]
+
+    def execute_scalar(self, statement: str) -> object:
+        """The first column of the first row of one statement on the admin connection."""
+        row = self._conn().execute(statement).fetchone()  # type: ignore[attr-defined]
+        return None if row is None else row[0]
 
     def create_database(self, prefix: str = "nl") -> str:
         """An empty database of its own for one user; returns its name.

@@ -524,12 +524,18 @@ def test_a_newer_schema_is_refused(open_: Opener, backend: str, url: str) -> Non
 
 
 def test_the_lease_is_held_past_its_length_while_renewed(open_: Opener) -> None:
+    """Between commits only the heartbeat renews: the holder does nothing at all
+    for 2.5 leases, and another runner must still be refused. (Calling
+    ``check_lease`` first would prove nothing: it renews a lapsed lease that
+    nobody took, see test_heartbeat.py.)"""
     holder = open_()  # heartbeat every LEASE/3
-    holder.create_task("t1", PLAN)
+    holder.create_task("t1", PLAN, queue="q")
     run, _ = holder.begin_run("t1", "r1")
+    other = open_()
     time.sleep(LEASE * 2.5)
-    holder.check_lease(run)
     with pytest.raises(TaskBusy):
-        open_().begin_run("t1", "r2")
+        other.begin_run("t1", "r2")
+    assert other.claim_next("q", "r3") is None
+    holder.check_lease(run)
     holder.start_step(run, 0, "fetch")
     holder.end_run(run)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import sqlite3
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -110,3 +113,55 @@ def test_a_dozen_tasks_created_and_run_by_a_dozen_processes_at_once(lab: Lab) ->
             assert conn.execute("SELECT COUNT(*) FROM tasks").fetchone() == (TASKS,)
         finally:
             conn.close()
+
+
+# -- BEGIN IMMEDIATE, and its negative control ------------------------------------
+
+DEFERRED = Path(__file__).with_name("deferred_runner.py")
+
+
+def _deferred(lab: Lab) -> Lab:
+    """The same lab, its commands run by the deferred-BEGIN control runner."""
+    return Lab(lab.root, db=lab.db, command=[sys.executable, str(DEFERRED)])
+
+
+@pytest.mark.parametrize("begin", ["immediate", "deferred-control"])
+def test_a_migration_waits_for_the_write_lock(sqlite_lab: Lab, begin: str) -> None:
+    """Another connection holds the write lock while ``run`` opens a database of
+    the guide's (schema version 0), which it must migrate. With BEGIN IMMEDIATE
+    the runner waits and then finishes; the control, with a deferred BEGIN,
+    fails at once with "database is locked" while the lock is still held: the
+    migration reads the schema version first, and SQLite does not wait to
+    upgrade a read to a write. (Many processes making one fresh database at
+    once, above, race the same way, but not at every try.)"""
+    from ninelives.testing.lab import GUIDE_PLAN
+    from ninelives.testing.simulation import write_legacy_database
+
+    lab = sqlite_lab if begin == "immediate" else _deferred(sqlite_lab)
+    lab.guide_setup()
+    db = lab.root / "state.db"
+    write_legacy_database(str(db), GUIDE_PLAN, {}, task_id="t")
+    holder = sqlite3.connect(db, isolation_level=None, timeout=0)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        runner = lab.spawn("run", "t")
+        if begin == "immediate":
+            time.sleep(1.5)  # long enough to reach the lock; if it does not, it passes anyway
+            assert runner.poll() is None, runner.communicate()
+            holder.execute("COMMIT")
+            _, err = runner.communicate(timeout=120)
+            assert runner.returncode == 0, err
+        else:
+            _, err = runner.communicate(timeout=120)  # the lock is held all along
+            holder.execute("COMMIT")
+            assert runner.returncode == 5, err
+            assert "database is locked" in err
+            assert err.count("\n") == 1
+    finally:
+        holder.close()
+    conn = sqlite3.connect(db)
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+    finally:
+        conn.close()
+    assert (version > 0) is (begin == "immediate")

@@ -5,7 +5,8 @@ point is exercised without touching this file: points that need a particular
 state get a scenario below; any other is reached by the guide's plan with
 ``AGENT_CRASH_AT=POINT`` (and the test fails until it is). Each case requires
 the killed process to exit -9 (proof the point was reached), resumes the task,
-and checks the five properties and ``ninelives verify --artifacts``.
+and checks the five properties and ``ninelives verify --artifacts``; on the
+SQLite store and on the PostgreSQL one.
 """
 
 from __future__ import annotations
@@ -112,14 +113,50 @@ def _legacy_columns(lab: Lab) -> tuple[int, list[str]]:
     return version, columns
 
 
+def _pg_tables(url: str) -> set[str]:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+        ).fetchall()
+    return {str(row[0]) for row in rows}
+
+
 def _migration(lab: Lab) -> tuple[Snapshot | None, int]:
     lab.guide_setup()
+    if lab.sqlite_path is None:
+        # A fresh PostgreSQL database: the first command migrates it, in one
+        # transaction that the kill rolls back whole.
+        _killed(lab, "create", TASK, "plan.json", at="migration_before_commit")
+        assert _pg_tables(lab.db) == set(), "the killed migration was committed"
+        assert lab.cli("create", TASK, "plan.json").returncode == 0
+        return None, 0
     write_legacy_database(str(lab.root / "state.db"), GUIDE_PLAN, {}, task_id=TASK)
     _killed(lab, "run", TASK, at="migration_before_commit")
     version, columns = _legacy_columns(lab)
     assert version == 0, "the killed migration was committed"
     assert "lease_epoch" not in columns, columns
     return None, 0
+
+
+def _all_steps_done(lab: Lab, outputs: dict[int, object]) -> None:
+    """On PostgreSQL, the state the guide's code leaves on SQLite (every step
+    done, the task not), made through the store by a run that then ended."""
+    from ninelives.journal import dumps
+    from ninelives.plan import plan_from_dict
+    from ninelives.store import open_store
+
+    store = open_store(lab.db)
+    try:
+        store.create_task(TASK, plan_from_dict(GUIDE_PLAN))
+        run, _ = store.begin_run(TASK, "0" * 32)
+        for idx, step in enumerate(GUIDE_PLAN["steps"]):
+            store.start_step(run, idx, step["tool"])
+            store.finish_step(run, idx, step["tool"], dumps(outputs[idx]), last=False)
+        store.end_run(run)
+    finally:
+        store.close()
 
 
 def _task_done(lab: Lab) -> tuple[Snapshot | None, int]:
@@ -132,7 +169,10 @@ def _task_done(lab: Lab) -> tuple[Snapshot | None, int]:
     outputs = {s["idx"]: s["output"] for s in base.snapshot(TASK).status["steps"]}
     lab.guide_setup()
     shutil.copytree(base.root / "artifacts", lab.root / "artifacts")
-    write_legacy_database(str(lab.root / "state.db"), GUIDE_PLAN, outputs, task_id=TASK)
+    if lab.sqlite_path is None:
+        _all_steps_done(lab, outputs)
+    else:
+        write_legacy_database(str(lab.root / "state.db"), GUIDE_PLAN, outputs, task_id=TASK)
     _killed(lab, "run", TASK, at="before_task_done")
     before = lab.snapshot(TASK)
     assert before.status["status"] == "running"
@@ -155,25 +195,26 @@ SCENARIOS: dict[str, Scenario] = {
 
 
 @pytest.mark.parametrize("point", list(crashpoints.POINTS))
-def test_every_crash_point(sqlite_lab: Lab, point: str) -> None:
+def test_every_crash_point(lab: Lab, point: str) -> None:
+    """On both stores (``lab`` is parametrised over SQLite and PostgreSQL)."""
     scenario = SCENARIOS.get(point, _anywhere(point))
-    before, runs = scenario(sqlite_lab)
-    temps = [n for n in sqlite_lab.artifacts() if n.endswith(".tmp")]
+    before, runs = scenario(lab)
+    temps = [n for n in lab.artifacts() if n.endswith(".tmp")]
     if point == "artifact_before_link":
         assert temps, "a kill before the link leaves the temporary file behind"
-    resumed = sqlite_lab.cli("run", TASK)
+    resumed = lab.cli("run", TASK)
     assert resumed.returncode == 0, resumed
-    after = sqlite_lab.snapshot(TASK)
+    after = lab.snapshot(TASK)
     problems = five_property_violations(
         plan=GUIDE_PLAN,
         after=after,
         before=before,
         runs=runs + 1,
-        artifacts=sqlite_lab.artifacts(),
+        artifacts=lab.artifacts(),
         expected_artifacts=EXPECTED,
     )
     assert problems == [], problems
-    verified = sqlite_lab.cli("verify", TASK, "--artifacts", "artifacts")
+    verified = lab.cli("verify", TASK, "--artifacts", "artifacts")
     assert verified.returncode == 0, verified
 
 

@@ -77,6 +77,7 @@ def test_crash_point_then_resume(lab: Lab, point: str, step: int) -> None:
     assert after.outputs[2]["deduplicated"] is (point == "after_effect" and step == 2)
 
 
+@pytest.mark.fsync_on
 def test_sigkill_from_outside_while_step_1_sleeps(lab: Lab) -> None:
     created(lab)
     runner = lab.spawn("run", TASK, AGENT_STEP_DELAY="2")
@@ -94,6 +95,7 @@ def test_sigkill_from_outside_while_step_1_sleeps(lab: Lab) -> None:
     assert [s["attempts"] for s in after.status["steps"]] == [1, 2, 1]
 
 
+@pytest.mark.fsync_on
 def test_second_runner_is_refused_with_exit_3_at_once(lab: Lab) -> None:
     created(lab)
     first = lab.spawn("run", TASK, AGENT_STEP_DELAY="1")

@@ -3,7 +3,9 @@
 ``python broken_runner.py MODE --db DB run TASK``, MODE being
 
 - ``retry``: a ``done`` commit that failed is tried again (a retried commit);
-- ``ignore``: a ``done`` commit that failed is ignored and the step reported done.
+- ``ignore``: a ``done`` commit that failed is ignored and the step reported done;
+- ``effect-retry``: an effect's failed fsync is an ordinary tool error, so the step
+  is retried instead of the run stopping (fail-stop removed).
 
 Test-only: the product has no such switch.
 """
@@ -14,8 +16,9 @@ import sys
 from typing import Any
 
 from ninelives import cli
-from ninelives.errors import CommitUnknown
+from ninelives.errors import CommitUnknown, EffectUnknown, ToolError
 from ninelives.store.sqlite import SQLiteStore
+from ninelives.tools import effects
 
 MODE = sys.argv.pop(1)
 _finish_step = SQLiteStore.finish_step
@@ -30,6 +33,19 @@ def finish_step(self: SQLiteStore, *args: Any, **kwargs: Any) -> None:
 
 
 SQLiteStore.finish_step = finish_step  # type: ignore[method-assign]
+
+_fsync = effects._fsync
+
+
+def fsync_or_tool_error(fd: int, path: str) -> None:
+    try:
+        _fsync(fd, path)
+    except EffectUnknown as exc:
+        raise ToolError(str(exc)) from None
+
+
+if MODE == "effect-retry":
+    effects._fsync = fsync_or_tool_error
 
 if __name__ == "__main__":
     sys.exit(cli.main())

@@ -44,6 +44,19 @@ def test_every_fsync_fails_in_turn() -> None:
     assert report.counts["fsync"] == 4
     _injected_everywhere(report)
     assert report.exit_codes() == {6: 8}
+    assert [o.exit_code for o in report.outcomes if o.target.endswith(".tmp")] == [6, 6]
+
+
+def test_control_a_runner_that_retries_a_failed_artifact_fsync_is_caught() -> None:
+    """Fail-stop removed (an effect's failed fsync made an ordinary tool error):
+    the run retries the step, reports it done and exits 0. The sweep must call
+    that a problem; with fail-stop (above) the same fault ends the run with 6."""
+    report = sweep(
+        syscalls=("fsync",), errors=("EIO",), runner=[sys.executable, str(BROKEN), "effect-retry"]
+    )
+    [artifact] = [o for o in report.outcomes if o.target.endswith(".tmp")]
+    assert artifact.exit_code == 0
+    assert any("did not stop the run" in p for p in artifact.problems), artifact.problems
 
 
 def test_every_fdatasync_fails_in_turn() -> None:

@@ -28,6 +28,9 @@ CI_CUTS = 200
 
 def _clean(report: PowerLossReport) -> None:
     assert report.problems == ()
+    # Read back from every connection the store committed on (which the harness
+    # opens with synchronous=NORMAL): the store's own settings made it FULL and WAL.
+    assert report.settings == {(2, "wal")}
     assert (report.lost_commits, report.corrupt, report.broken_artifacts, report.duplicates) == (
         0,
         0,
@@ -82,9 +85,40 @@ def test_a_cut_in_recovery_then_again_in_the_resume(tmp_path: Path) -> None:
 
 
 def test_control_synchronous_normal_loses_acknowledged_commits() -> None:
+    # Set on the store's own connection once it is open: the setting really is
+    # gone (read back), whatever text the store sends.
     report = sweep(controls=Controls(synchronous="NORMAL"), torn_seeds=0)
+    assert report.settings == {(1, "wal")}
     assert report.lost_commits > 0
     assert any("lost acknowledged commit" in p for p in report.problems)
+    assert any("synchronous=1" in p for p in report.problems)
+
+
+def test_sqlite_ignoring_its_own_folder_fsync_loses_nothing(tmp_path: Path) -> None:
+    """SQLite fsyncs the folder when it creates the WAL but ignores a failure of
+    that fsync. With that fsync lost at every cut, the store's own fsync of the
+    folder at its first write must keep the new database's names."""
+    controls = Controls(sqlite_dirsync_lost=True)
+    _clean(sweep(controls=controls, torn_seeds=0))
+    ops = reference_ops(str(tmp_path / "ref"), controls=controls)
+    assert "dirsync ." in ops[: ops.index("sync state.db-wal")]  # the store's, before the commit
+
+
+def test_control_without_the_store_folder_fsync_a_new_database_goes_missing(
+    tmp_path: Path,
+) -> None:
+    """The same fault, with the store's folder fsync doing nothing: a cut after
+    the first commit of the new database loses the WAL's (and the database's)
+    name, and with it an acknowledged commit."""
+    controls = Controls(sqlite_dirsync_lost=True, drop_db_dirsync=True)
+    ops = reference_ops(str(tmp_path / "ref"), controls=controls)
+    # The WAL's header is synced, then the first commit's frames: cut just after.
+    header, commit = [i for i, op in enumerate(ops) if op == "sync state.db-wal"][:2]
+    assert "write state.db-wal" in ops[header:commit]
+    result = run_scenario(str(tmp_path / "s"), [Cut(at=commit + 2)], controls=controls)
+    assert result.lost_commits == 1, result.problems
+    assert any("lost acknowledged commit" in p for p in result.problems)
+    assert sweep(controls=controls, torn_seeds=0).lost_commits > 0
 
 
 def test_control_artifact_without_fsync_comes_back_partial() -> None:

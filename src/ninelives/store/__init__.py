@@ -182,7 +182,7 @@ def is_postgres_url(url: str) -> bool:
 
 DEFAULT_LEASE = 30.0
 
-#: The value NINELIVES_TEST_DISABLE_FENCING must hold, followed by the database URL.
+#: The value the NINELIVES_TEST_DISABLE_* switches must hold, followed by the database URL.
 _UNFENCED_PREFIX = "unsafe-test-only:"
 
 
@@ -233,6 +233,19 @@ def fencing_disabled(url: str, env: Mapping[str, str] | None = None) -> bool:
     """
     env = os.environ if env is None else env
     return env.get("NINELIVES_TEST_DISABLE_FENCING", "") == _UNFENCED_PREFIX + url
+
+
+def heartbeat_disabled(url: str, env: Mapping[str, str] | None = None) -> bool:
+    """True only in the negative-control tests that prove the heartbeat is what
+    keeps a lease through a step longer than the lease.
+
+    TEST-ONLY, thrown exactly like :func:`fencing_disabled`:
+    ``NINELIVES_TEST_DISABLE_HEARTBEAT`` must hold ``unsafe-test-only:`` followed
+    by this very database URL. Commits and the check before each tool still
+    renew; only the renewals between them stop.
+    """
+    env = os.environ if env is None else env
+    return env.get("NINELIVES_TEST_DISABLE_HEARTBEAT", "") == _UNFENCED_PREFIX + url
 
 
 def open_store(

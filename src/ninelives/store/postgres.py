@@ -51,7 +51,7 @@ from ..errors import CommitUnknown, LeaseLost, StoreError, TaskBusy, TaskExists,
 from ..journal import dumps
 from ..models import Event, EventKind, Run, Step, Task, TaskStatus
 from ..plan import Plan
-from . import DEFAULT_LEASE, fencing_disabled, sql, task_exists
+from . import DEFAULT_LEASE, fencing_disabled, heartbeat_disabled, sql, task_exists
 
 Q = sql.load_queries("postgres")
 CONNECT_TIMEOUT = 10
@@ -162,6 +162,13 @@ class PostgresStore:
         if not self._fencing:
             print(
                 f"ninelives: WARNING: fencing is OFF for {self._shown} (test-only switch)",
+                file=sys.stderr,
+            )
+        self._beating = not heartbeat_disabled(url)
+        if not self._beating:
+            print(
+                f"ninelives: WARNING: the lease heartbeat is OFF for {self._shown} "
+                "(test-only switch)",
                 file=sys.stderr,
             )
         self._owner = f"{socket.gethostname()}/{os.getpid()}"
@@ -357,6 +364,8 @@ class PostgresStore:
     def _hold(self, run: Run, sent: float) -> None:
         lease = _Lease(run, self._owner, sent + self.lease)
         self._leases[run.run_id] = lease
+        if not self._beating:
+            return
         if self._heartbeat is None:
             self._heartbeat = _Heartbeat(self)
         self._heartbeat.add(lease)

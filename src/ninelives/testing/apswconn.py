@@ -22,6 +22,8 @@ import apsw
 from .disklayer import PowerCut, Trigger
 
 _DML = ("INSERT", "UPDATE", "DELETE", "REPLACE")
+#: What a new connection starts with before the store sets anything (see ApswConnection).
+PLATFORM_SYNCHRONOUS = "NORMAL"
 
 # -- the database state a commit leaves ---------------------------------------
 
@@ -66,6 +68,8 @@ class CommitTracker:
         self.commits = 0
         #: A phase that failed without a cut: what it raised.
         self.error: str | None = None
+        #: ``(synchronous, journal_mode)`` read back from each store connection.
+        self.settings: set[tuple[int, str]] = set()
 
 
 # -- apsw behind the sqlite3 interface ----------------------------------------
@@ -114,8 +118,13 @@ class ApswConnection:
     """The subset of ``sqlite3.Connection`` that :class:`SQLiteStore` uses, over apsw.
 
     Runs on the VFS named ``vfs``; records acknowledged commits in ``tracker``;
-    after a cut every call raises :class:`PowerCut`. ``synchronous`` replaces the
-    store's ``PRAGMA synchronous=FULL`` (a negative control).
+    after a cut every call raises :class:`PowerCut`.
+
+    A new connection starts with ``synchronous=NORMAL`` (:data:`PLATFORM_SYNCHRONOUS`),
+    as SQLite built with ``SQLITE_DEFAULT_WAL_SYNCHRONOUS=1`` gives it, so that
+    only the store's own setting can make it FULL: the harness reads the
+    setting back from the connection (:meth:`safety_settings`), never from the
+    text of the statements the store sends.
     """
 
     def __init__(
@@ -126,14 +135,18 @@ class ApswConnection:
         trigger: Trigger,
         tracker: CommitTracker,
         timeout: float = 5.0,
-        synchronous: str | None = None,
     ) -> None:
         self._trigger = trigger
         self._tracker = tracker
-        self._synchronous = synchronous
-        self._writing = False
         self._db = self._call(lambda: apsw.Connection(path, vfs=vfs))
         self._db.setbusytimeout(int(timeout * 1000))
+        self._call(lambda: self._db.execute(f"PRAGMA synchronous={PLATFORM_SYNCHRONOUS}"))
+
+    def safety_settings(self) -> tuple[int, str]:
+        """``(PRAGMA synchronous, PRAGMA journal_mode)`` as the connection reports them."""
+        sync = self._query("PRAGMA synchronous")[0][0]
+        mode = self._query("PRAGMA journal_mode")[0][0]
+        return int(sync), str(mode)
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         try:
@@ -147,23 +160,24 @@ class ApswConnection:
         return result
 
     def execute(self, sql: str, parameters: Any = None) -> _Rows:
-        verb = " ".join(sql.split()[:2]).upper()
-        if self._synchronous and verb.startswith("PRAGMA SYNCHRONOUS"):
-            sql = f"PRAGMA synchronous={self._synchronous}"
-        commit = verb.startswith(("COMMIT", "END")) and self._writing
+        words = sql.split(None, 1)
+        verb = words[0].upper() if words else ""
+        # A commit of a write transaction, whatever began it: the connection's
+        # own state says so, not the text of the BEGIN.
+        commit = verb.startswith(("COMMIT", "END")) and self._writes()
         if commit:
             self._tracker.inflight = read_state(self._query)
         rows = self._call(lambda: [tuple(r) for r in self._db.execute(sql, parameters or None)])
-        if verb.startswith("BEGIN IMMEDIATE"):
-            self._writing = True
-        elif verb.startswith(("COMMIT", "END", "ROLLBACK")):
-            self._writing = False
         if commit:
             assert self._tracker.inflight is not None
             self._tracker.acked, self._tracker.inflight = self._tracker.inflight, None
             self._tracker.commits += 1
         changed = self._db.changes() if verb.startswith(_DML) else -1
         return _Rows(rows, changed)
+
+    def _writes(self) -> bool:
+        """True inside a transaction that holds (or has used) the write lock."""
+        return bool(self._db.txn_state("main") == apsw.SQLITE_TXN_WRITE)
 
     def executemany(self, sql: str, seq: Iterable[Any]) -> _Rows:
         self._call(lambda: list(self._db.executemany(sql, seq)))

@@ -343,6 +343,9 @@ class RecordingVFS(apsw.VFS):
     def __init__(self) -> None:
         self.model: DiskModel | None = None
         self.trigger = Trigger()
+        #: SQLite's own folder fsync (at a new WAL or journal's first sync) fails
+        #: and SQLite ignores the error, as its unix VFS does: no name becomes durable.
+        self.dirsync_lost = False
         super().__init__(self.NAME, "")
 
     def xOpen(self, name: str | apsw.URIFilename | None, flags: list[int]) -> apsw.VFSFile:
@@ -415,10 +418,10 @@ class RecordingFile(apsw.VFSFile):
             return None
         trigger.tick("sync", self._where())
         DiskModel.sync(self._node)
-        if self._dirsync:
+        if self._dirsync and not self._vfs.dirsync_lost:
             trigger.tick("dirsync", model.rel(os.path.dirname(self._path)) or ".")
             model.sync_dir(model.dir_of(self._path))
-            self._dirsync = False
+        self._dirsync = False
         return None
 
 
@@ -534,6 +537,21 @@ class EffectsOS:
         if parent != full and not os.path.isdir(parent):
             self.makedirs(parent, mode, exist_ok=True)
         self.mkdir(full, mode)
+
+
+@contextmanager
+def store_through(proxy: EffectsOS) -> Iterator[None]:
+    """Route the ``os`` calls of :mod:`ninelives.store.sqlite` (its own fsync of the
+    database folder, the file it creates) through ``proxy`` for the block."""
+    from ..store import sqlite as store_module
+
+    namespace = vars(store_module)
+    saved = namespace["os"]
+    namespace["os"] = proxy
+    try:
+        yield
+    finally:
+        namespace["os"] = saved
 
 
 @contextmanager

@@ -12,6 +12,8 @@ turn with ``EIO`` and with ``ENOSPC``. For every case:
 - no step it reported done is missing from the database afterwards;
 - after a failed write or sync of a database file, no further transaction was
   attempted (no WAL frame written after it): a failed commit is never retried;
+- a failed ``fsync`` (the database folder's, an artifact's or its folders')
+  stops the run with exit 6: never retried, never ignored;
 - ``PRAGMA integrity_check`` is ``ok``;
 - the next ``run``, without faults, finishes the task exactly once: done,
   every step finished once, the artifact present once with the right bytes,
@@ -211,6 +213,14 @@ def check_case(folder: Path, case: FaultCase, runner: Sequence[str] | None = Non
         problems.append(f"faulted run did not end with one error line: {faulted.stderr!r}")
     if at is not None and target.startswith("state.db") and _wal_written_after(lines, at):
         problems.append("a transaction was written after the failed database write or sync")
+    if at is not None and case.syscall == "fsync" and code != 6:
+        # Every fsync of a run is ninelives' own (SQLite syncs with fdatasync):
+        # the database folder's, and an artifact's file and folders. A failed
+        # one leaves durability unknown: the run must stop at once, exit 6.
+        problems.append(
+            f"the failed fsync of {target} did not stop the run (exit {code}, not 6): "
+            "it was retried or ignored"
+        )
     reported = _reported_done([faulted])
     problems += _check_db(folder, reported, "after the faulted run")
     resumed = lab.cli("run", TASK_ID)

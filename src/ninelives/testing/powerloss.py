@@ -40,11 +40,21 @@ from ..store.sqlite import SQLiteStore
 from ..tools.builtin import default_registry, stub_summary
 from ..verify import verify_store
 from .apswconn import EMPTY, ApswConnection, CommitTracker, DbState, read_state
-from .disklayer import DiskModel, EffectsOS, PowerCut, Trigger, effects_through, recording_vfs
+from .disklayer import (
+    DiskModel,
+    EffectsOS,
+    PowerCut,
+    Trigger,
+    effects_through,
+    recording_vfs,
+    store_through,
+)
 from .lab import GUIDE_PLAN, SUMMARY_NOTES
 
 TASK_ID = "t"
 DB_NAME = "state.db"
+#: ``(PRAGMA synchronous, PRAGMA journal_mode)`` of a safe store connection: FULL, WAL.
+SAFE_SETTINGS = (2, "wal")
 ARTIFACTS = "artifacts"
 
 # -- scenarios -------------------------------------------------------------------
@@ -54,7 +64,9 @@ ARTIFACTS = "artifacts"
 class Controls:
     """Safety removed on purpose, to prove the checks bite. All off by default."""
 
-    #: Replace the store's ``synchronous=FULL`` (e.g. ``"NORMAL"``).
+    #: Set on the store's connection once the store has opened it (e.g.
+    #: ``"NORMAL"``): the store's ``synchronous=FULL`` really removed, as the
+    #: read-back (:attr:`ScenarioResult.settings`) shows.
     synchronous: str | None = None
     #: Publish artifacts without fsyncing the file.
     drop_artifact_fsync: bool = False
@@ -62,6 +74,11 @@ class Controls:
     drop_artifact_dirsync: bool = False
     #: Create the artifact folder without fsyncing its parent (the old behaviour).
     plain_mkdir: bool = False
+    #: A fault, not a control: SQLite's own fsync of the database folder (when it
+    #: creates the WAL) fails, and SQLite ignores it. The store's fsync must cover it.
+    sqlite_dirsync_lost: bool = False
+    #: The store's own fsync of the database folder, before its first commit, does nothing.
+    drop_db_dirsync: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,6 +113,9 @@ class ScenarioResult:
     other: int
     problems: tuple[str, ...]
     ops: tuple[str, ...] = ()
+    #: ``(PRAGMA synchronous, PRAGMA journal_mode)`` read back from every connection
+    #: the store committed on, once it had opened it: ``{(2, "wal")}`` is FULL and WAL.
+    settings: frozenset[tuple[int, str]] = frozenset()
 
     @property
     def ok(self) -> bool:
@@ -114,6 +134,7 @@ class _Tally:
     inflight_kept: int = 0
     other: int = 0
     problems: list[str] = field(default_factory=list)
+    settings: set[tuple[int, str]] = field(default_factory=set)
 
 
 def _settings(folder: str) -> Settings:
@@ -143,30 +164,30 @@ def _phase(
     tracker = CommitTracker(acked)
     vfs = recording_vfs()
     vfs.model, vfs.trigger = model, trigger
+    vfs.dirsync_lost = controls.sqlite_dirsync_lost
     proxy = EffectsOS(
         model,
         trigger,
         drop_file_fsync=controls.drop_artifact_fsync,
         drop_dir_fsync=controls.drop_artifact_dirsync,
     )
+    # The store's own fsync of the database folder goes to the model as well.
+    store_os = EffectsOS(model, trigger, drop_dir_fsync=controls.drop_db_dirsync)
 
     def connect(path: str, *, timeout: float = 5.0, **_: Any) -> sqlite3.Connection:
-        conn = ApswConnection(
-            path,
-            vfs=vfs.NAME,
-            trigger=trigger,
-            tracker=tracker,
-            timeout=timeout,
-            synchronous=controls.synchronous,
-        )
+        conn = ApswConnection(path, vfs=vfs.NAME, trigger=trigger, tracker=tracker, timeout=timeout)
         return cast(sqlite3.Connection, conn)
 
     settings = _settings(folder)
     try:
-        with effects_through(proxy, plain_mkdir=controls.plain_mkdir):
+        with effects_through(proxy, plain_mkdir=controls.plain_mkdir), store_through(store_os):
             # Two opens, as two commands would: `create`, then `run`.
             for action in (_create, lambda rt: rt.run(TASK_ID)):
                 store = SQLiteStore(os.path.join(folder, DB_NAME), connect=connect)
+                conn = cast(ApswConnection, store._conn)
+                if controls.synchronous is not None:
+                    conn.execute(f"PRAGMA synchronous={controls.synchronous}")
+                tracker.settings.add(conn.safety_settings())
                 with Runtime(store, settings=settings, tools=default_registry(settings)) as rt:
                     action(rt)
     except PowerCut:
@@ -176,7 +197,7 @@ def _phase(
         if not trigger.dead:  # after a cut, any error is the cut's
             tracker.error = f"{type(exc).__name__}: {exc}"
     finally:
-        vfs.model, vfs.trigger = None, Trigger()
+        vfs.model, vfs.trigger, vfs.dirsync_lost = None, Trigger(), False
     return trigger, model, tracker
 
 
@@ -288,6 +309,13 @@ def run_scenario(
     for n, cut in enumerate(spec):
         trigger, model, tracker = _phase(folder, cut, controls, acked)
         ops = tuple(trigger.ops)
+        for sync, mode in sorted(tracker.settings - tally.settings):
+            if (sync, mode) != SAFE_SETTINGS:
+                tally.problems.append(
+                    f"phase {n + 1}: the store committed with synchronous={sync}, "
+                    f"journal_mode={mode} (not FULL and wal)"
+                )
+        tally.settings |= tracker.settings
         if tracker.error is not None:
             tally.other += 1
             tally.problems.append(f"phase {n + 1}: {tracker.error}")
@@ -315,6 +343,7 @@ def run_scenario(
         other=tally.other,
         problems=tuple(tally.problems),
         ops=ops,
+        settings=frozenset(tally.settings),
     )
 
 
@@ -345,6 +374,8 @@ class PowerLossReport:
     other: int
     problems: tuple[str, ...]
     elapsed: float
+    #: Every ``(synchronous, journal_mode)`` read back from the store's connections.
+    settings: frozenset[tuple[int, str]] = frozenset()
 
     @property
     def ok(self) -> bool:
@@ -394,6 +425,7 @@ def _session(
             totals.broken += result.broken_artifacts
             totals.duplicates += result.duplicates
             totals.other += result.other
+            totals.settings |= result.settings
             # The spec replays the scenario: run_scenario(folder, spec).
             label = ", ".join(map(str, spec))
             totals.problems.extend(f"[cuts {label}] {p}" for p in result.problems)
@@ -414,6 +446,7 @@ def _session(
         other=totals.other,
         problems=tuple(totals.problems),
         elapsed=time.monotonic() - start,
+        settings=frozenset(totals.settings),
     )
 
 

@@ -101,6 +101,10 @@ WHERE id = %(id)s AND lease_epoch = %(epoch)s;
 UPDATE tasks SET status = %(status)s, updated_at = ninelives_now() WHERE id = %(id)s;
 
 -- name: renew
+-- No expiry condition, on purpose (as in the fence): a lapsed lease that nobody
+-- claimed still carries the holder's epoch, so nobody else can have committed or
+-- started a tool under it, and renewing it is safe. A claim moves the epoch, and
+-- then this matches no row. lease_owner IS NULL: released, not to be revived.
 UPDATE tasks SET lease_expires_at = ninelives_now() + %(lease)s
 WHERE id = %(id)s AND lease_epoch = %(epoch)s AND lease_owner IS NOT NULL;
 
