@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import StoreError
+from .errors import DamagedTask, StoreError
 from .journal import CLOSING_KINDS, journal_problems
 from .models import Event, EventKind, StepStatus, Task, TaskStatus
 
@@ -295,8 +295,9 @@ def verify_store(
         try:
             task, events = read_consistent(store, task_id)
         except StoreError as exc:
-            # A damaged file may still answer for other tasks: report and go on.
-            found.append(Violation(task_id=task_id, check="unreadable", message=str(exc)))
+            # A damaged file or task may still let the others be read: report and go on.
+            check = "damaged" if isinstance(exc, DamagedTask) else "unreadable"
+            found.append(Violation(task_id=task_id, check=check, message=str(exc)))
             continue
         total += len(events)
         found.extend(check_task(task, events))
