@@ -285,13 +285,16 @@ class SQLiteStore:
         check: Callable[[Task], None] | None = None,
         max_recoveries: int | None = None,
     ) -> tuple[Run, Task]:
-        with self._read() as conn:  # UnknownTask before any lock file is made
-            if conn.execute(Q["get_task"], {"id": task_id}).fetchone() is None:
-                raise UnknownTask(f"unknown task {task_id!r}")
+        # UnknownTask, DamagedTask and a refusal by ``check`` come before any
+        # lock file is made: a task that cannot run here leaves no trace.
+        with self._read() as conn:
+            found = self._load(conn, task_id)
+        if check is not None:
+            check(found)
         lock = self._lock(task_id)
         try:
             claimed = self._claim(
-                task_id, run_id, queue=None, start_first=start_first, check=check,
+                task_id, run_id, queue=None, start_first=start_first,
                 max_recoveries=max_recoveries,
             )  # fmt: skip
         except BaseException:
