@@ -309,7 +309,8 @@ def test_a_step_that_always_kills_its_process_fails_at_the_recovery_limit(
     # Failed in the recovery transaction itself: same run, right after run_started.
     assert kinds[-3:] == ["step_recovered", "run_started", "task_failed"]
     assert len({e["run"] for e in snap.events[-3:]}) == 1
-    assert snap.events[-1]["step"] == 1 and reason in snap.events[-1]["reason"]
+    assert snap.events[-1]["step"] == 1
+    assert reason in snap.events[-1]["reason"]
     verified = lab.cli("verify", "t")
     assert verified.returncode == 0, verified.stdout
     again = lab.cli("run", "t")
@@ -340,7 +341,8 @@ def test_an_output_over_the_maximum_size_is_a_step_error_not_database_unusable(
     assert "exceed the maximum output size of 4096 bytes" in ran.stderr.splitlines()[-1]
     assert "Traceback" not in ran.stderr
     kinds = [e["kind"] for e in lab.cli("export", "t").jsonl()]
-    assert kinds.count("step_error") == 3 and kinds[-1] == "task_failed"
+    assert kinds.count("step_error") == 3
+    assert kinds[-1] == "task_failed"
 
 
 def test_the_new_limits_refuse_values_that_make_no_sense() -> None:
