@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -212,7 +215,9 @@ def test_output_that_cannot_be_stored_is_a_step_error_and_the_task_fails(
     lab: Lab, case: str
 ) -> None:
     tool, message = UNSTORABLE[case]
-    settings = Settings(max_output=2048, artifacts=str(lab.root / "artifacts"))
+    settings = Settings(artifacts=str(lab.root / "artifacts"))
+    if case == "too-big":
+        settings = settings._replace(max_output=2048)
     plan = {"goal": "g", "steps": [{"tool": "model", "input": {}}]}
     with ninelives.open(url(lab), settings=settings, tools=with_tools(model=tool)) as rt:
         rt.create("t", plan)
@@ -360,3 +365,72 @@ def test_the_new_limits_refuse_values_that_make_no_sense() -> None:
             Settings.from_env(env)
     assert Settings.from_env({}).max_recoveries == 5
     assert Settings.from_env({}).max_output == 64 * 1024 * 1024
+
+
+# -- F: any concurrency gets work on SQLite -----------------------------------------
+
+ONE_STEP = {"goal": "g", "steps": [{"tool": "fetch", "input": {"path": "input/notes.txt"}}]}
+
+
+def test_sqlite_claims_look_past_the_first_page_of_candidates(tmp_path: Path) -> None:
+    from ninelives.store.sqlite import CLAIM_PAGE, SQLiteStore
+
+    db = str(tmp_path / "state.db")
+    count = CLAIM_PAGE + 6
+    first = SQLiteStore(db)
+    plan = plan_from_dict(ONE_STEP)
+    for i in range(count):
+        first.create_task(f"t{i:03d}", plan, queue="q")
+    stores = [first, *(SQLiteStore(db) for _ in range(count))]
+    try:
+        claimed = [store.claim_next("q", f"r{i}") for i, store in enumerate(stores)]
+        assert sorted(c[0].task_id for c in claimed if c is not None) == [
+            f"t{i:03d}" for i in range(count)
+        ]
+        assert claimed[-1] is None  # one store more than tasks
+    finally:
+        for store in stores:
+            store.close()
+
+
+def test_a_worker_with_70_slots_runs_70_tasks_at_once(sqlite_lab: Lab) -> None:
+    lab = sqlite_lab
+    lab.guide_setup()
+    fleet = Fleet(lab)
+    try:
+        plan = plan_from_dict(ONE_STEP)
+        for i in range(70):
+            fleet.store.create_task(f"t{i:02d}", plan, queue="default")
+        worker = fleet.start(*FAST, "--concurrency", "70", "--grace", "0", AGENT_STEP_DELAY="600")
+        assert lab.sqlite_path is not None
+        deadline = time.monotonic() + 120
+        running = 0
+        while running < 70:
+            assert time.monotonic() < deadline, f"{running} of 70 running\n{worker.log()}"
+            assert worker.proc.poll() is None, worker.log()
+            time.sleep(0.2)
+            conn = sqlite3.connect(lab.sqlite_path)
+            try:
+                running = conn.execute(
+                    "SELECT count(*) FROM steps WHERE status = 'running'"
+                ).fetchone()[0]
+            finally:
+                conn.close()
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(60) == 0, worker.log()
+        assert len({r["task"] for r in worker.actions("claimed")}) == 70
+    finally:
+        fleet.close()
+
+
+# -- G: the worker's exit code for an unknown outcome is the CLI's ---------------
+
+
+def test_the_worker_fail_stop_code_is_the_cli_code_of_commit_unknown() -> None:
+    from ninelives.cli import exit_code
+    from ninelives.errors import CommitUnknown, EffectUnknown, TasksLeft
+    from ninelives.worker import EXIT_OUTCOME_UNKNOWN
+
+    assert exit_code(CommitUnknown("x")) == EXIT_OUTCOME_UNKNOWN == 6
+    assert exit_code(EffectUnknown("x")) == 6
+    assert exit_code(TasksLeft("x")) == 9
