@@ -373,10 +373,10 @@ ONE_STEP = {"goal": "g", "steps": [{"tool": "fetch", "input": {"path": "input/no
 
 
 def test_sqlite_claims_look_past_the_first_page_of_candidates(tmp_path: Path) -> None:
-    from ninelives.store.sqlite import CLAIM_PAGE, SQLiteStore
+    from ninelives.store.sqlite import SQLiteStore
 
     db = str(tmp_path / "state.db")
-    count = CLAIM_PAGE + 6
+    count = 70  # past a page of candidates (64)
     first = SQLiteStore(db)
     plan = plan_from_dict(ONE_STEP)
     for i in range(count):
