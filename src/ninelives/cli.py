@@ -174,9 +174,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from .settings import Settings
     from .store import MissingStore, open_store
     from .verify import verify_store
 
+    settings = Settings.from_env()
     if (args.task_id is None) != args.all:
         raise InputError("give a TASK or --all, not both (see 'ninelives verify --help')")
     if args.artifacts is not None and os.path.exists(args.artifacts):
@@ -187,7 +189,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if args.all and isinstance(store, MissingStore):
             raise StoreError(f"no database at {args.db}")
         ids = None if args.all else [args.task_id]
-        report = verify_store(store, ids, artifacts=args.artifacts)
+        limits = (settings.max_attempts, settings.max_recoveries)
+        report = verify_store(store, ids, artifacts=args.artifacts, limits=limits)
     finally:
         store.close()
     for violation in report.violations:
