@@ -249,25 +249,42 @@ class Runtime:
         ctx: dict[int, Any] = task.outputs()
         for step in pending:
             tool = self.tools.lookup(step.tool)
-            last = step is pending[-1]
             while True:
-                if started is not None and started[0] == step.idx:
-                    attempt, started = started[1], None
-                else:
-                    if stop is not None and stop():
-                        return self.store.get_task(task_id)
-                    attempt = self.store.start_step(run, step.idx, step.tool)
+                attempt = self._start(run, step, started, stop)
+                started = None  # only ever the first step's first attempt
+                if attempt is None:
+                    return self.store.get_task(task_id)  # asked to stop; nothing running
                 result = self._attempt(run, step, tool, ctx, attempt)
                 if result is None:
                     continue  # a step_error was recorded: try again
-                output, encoded = result
-                crashpoints.crash("after_effect", step.idx)
-                self.store.finish_step(run, step.idx, step.tool, encoded, last=last)
-                crashpoints.crash("after_commit", step.idx)
-                self._say(f"{task_id}: step {step.idx} {step.tool} done {_brief(output)}")
-                ctx[step.idx] = output
+                self._record(run, step, *result, last=step is pending[-1])
+                ctx[step.idx] = result[0]
                 break
         return self.store.get_task(task_id)
+
+    def _start(
+        self,
+        run: Run,
+        step: Step,
+        started: tuple[int, int] | None,
+        stop: Callable[[], bool] | None,
+    ) -> int | None:
+        """Commit the step ``running`` and return its attempt number (the claim
+        transaction may have done it already: ``started``); None when ``stop`` says so."""
+        if started is not None and started[0] == step.idx:
+            return started[1]
+        if stop is not None and stop():
+            return None
+        return self.store.start_step(run, step.idx, step.tool)
+
+    def _record(
+        self, run: Run, step: Step, output: dict[str, Any], encoded: str, *, last: bool
+    ) -> None:
+        """Commit the step ``done`` with its output (the task ``done`` too when ``last``)."""
+        crashpoints.crash("after_effect", step.idx)
+        self.store.finish_step(run, step.idx, step.tool, encoded, last=last)
+        crashpoints.crash("after_commit", step.idx)
+        self._say(f"{run.task_id}: step {step.idx} {step.tool} done {_brief(output)}")
 
     def _attempt(
         self, run: Run, step: Step, tool: Tool, ctx: dict[int, Any], attempt: int
