@@ -299,9 +299,10 @@ class Worker:
                     continue
                 if isinstance(claimed, tuple):
                     self._execute(slot, runtime, store, *claimed)
-        except BaseException as exc:  # logged; run() reports the slot as ended
+        except BaseException as exc:
+            # Not re-raised: the thread would print a traceback; the log line and
+            # the worker's exit status (5, not 0) say it instead.
             self.note(slot, "slot_ended", error=f"{type(exc).__name__}: {_one_line(exc)}")
-            raise
         finally:
             runtime.close()
 
@@ -338,7 +339,7 @@ class Worker:
         with self._mutex:
             return [t for t, (until, _) in self._unrunnable.items() if until > now]
 
-    def _refuse(self, slot: int | str, task_id: str, exc: NineLivesError) -> None:
+    def _refuse(self, slot: int | str, task_id: str, exc: Exception) -> None:
         action = "damaged" if isinstance(exc, DamagedTask) else "cannot_run"
         with self._mutex:
             self._unrunnable[task_id] = (time.monotonic() + SKIP_SECONDS, str(exc))
@@ -393,7 +394,7 @@ class Worker:
             # to other workers for a while rather than spin on it.
             self._refuse(slot, run.task_id, exc)
         except Exception as exc:  # a bug must not take the other slots down
-            self._refuse(slot, run.task_id, exc)  # type: ignore[arg-type]
+            self._refuse(slot, run.task_id, exc)
             self.note(slot, "crashed", **ids, error=f"{type(exc).__name__}: {_one_line(exc)}")
         else:
             done = result.status is TaskStatus.DONE

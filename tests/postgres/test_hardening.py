@@ -434,3 +434,26 @@ def test_the_worker_fail_stop_code_is_the_cli_code_of_commit_unknown() -> None:
     assert exit_code(CommitUnknown("x")) == EXIT_OUTCOME_UNKNOWN == 6
     assert exit_code(EffectUnknown("x")) == 6
     assert exit_code(TasksLeft("x")) == 9
+
+
+def test_a_worker_whose_slots_all_ended_does_not_exit_0(tmp_path: Path) -> None:
+    """A tool that ends its thread (``sys.exit`` inside a library, say) ends a slot;
+    once every slot has ended without a stop or a drain, the worker says so."""
+    from ninelives.errors import StoreError
+    from ninelives.worker import Worker, WorkerOptions
+
+    def leaves(input: Mapping[str, Any], ctx: Mapping[int, Any], key: str) -> Any:
+        raise SystemExit(0)
+
+    db = str(tmp_path / "state.db")
+    tools = with_tools(leaves=leaves)
+    with ninelives.open(db, tools=tools) as rt:
+        for task_id in ("a", "b"):
+            rt.create(task_id, {"goal": "g", "steps": [{"tool": "leaves", "input": {}}]},
+                      queue="default")  # fmt: skip
+    lines: list[str] = []
+    options = WorkerOptions.from_env(db, concurrency=2, poll=0.05, env={})
+    worker = Worker(options, settings=Settings(), tools=tools, log=lines.append)
+    with pytest.raises(StoreError, match="2 worker slot"):
+        worker.run()
+    assert sum("action=slot_ended" in line for line in lines) == 2, lines
