@@ -338,9 +338,13 @@ def test_recovered_steps_below_the_limit_still_finish(lab: Lab) -> None:
 def test_an_output_over_the_maximum_size_is_a_step_error_not_database_unusable(
     lab: Lab,
 ) -> None:
+    # 3000 bytes read, but each newline is two characters of JSON: over 4096 stored.
+    lab.write("input/lines.txt", "\n" * 3000)
     lab.write("input/big.txt", "y" * 10_000)
-    lab.write_plan({"goal": "g", "steps": [{"tool": "fetch", "input": {"path": "input/big.txt"}}]})
-    assert lab.cli("create", "t", "plan.json").returncode == 0
+    for task_id, name in (("t", "lines.txt"), ("big", "big.txt")):
+        step = {"tool": "fetch", "input": {"path": f"input/{name}"}}
+        lab.write_plan({"goal": "g", "steps": [step]})
+        assert lab.cli("create", task_id, "plan.json").returncode == 0
     ran = lab.cli("run", "t", NINELIVES_MAX_OUTPUT="4096")
     assert ran.returncode == 2, ran
     assert "exceed the maximum output size of 4096 bytes" in ran.stderr.splitlines()[-1]
@@ -348,6 +352,10 @@ def test_an_output_over_the_maximum_size_is_a_step_error_not_database_unusable(
     kinds = [e["kind"] for e in lab.cli("export", "t").jsonl()]
     assert kinds.count("step_error") == 3
     assert kinds[-1] == "task_failed"
+    # fetch itself reads no more than the maximum: a huge file costs no memory.
+    big = lab.cli("run", "big", NINELIVES_MAX_OUTPUT="4096")
+    assert big.returncode == 2, big
+    assert "input/big.txt is larger than the maximum output size of 4096 bytes" in big.stderr
 
 
 def test_the_new_limits_refuse_values_that_make_no_sense() -> None:
