@@ -52,6 +52,7 @@ from .errors import (
     StoreError,
     TaskFailed,
     TasksLeft,
+    UnknownTask,
 )
 from .models import Run, Task, TaskStatus
 from .runtime import Runtime, check_queue, new_run_id
@@ -350,10 +351,27 @@ class Worker:
         with self._mutex:
             refused = list(self._unrunnable)
         try:
-            return store.unfinished(self.options.queue, skip=refused) == 0
+            if store.unfinished(self.options.queue, skip=refused) != 0:
+                return False
+            # Forget the refused tasks that someone else has finished meanwhile.
+            for task_id in refused:
+                if not self._still_unfinished(store, task_id):
+                    with self._mutex:
+                        self._unrunnable.pop(task_id, None)
         except StoreError as exc:
             self.note("-", "store_error", error=_one_line(exc))
             return False
+        return True
+
+    @staticmethod
+    def _still_unfinished(store: Store, task_id: str) -> bool:
+        try:
+            status = store.get_task(task_id).status
+        except DamagedTask:
+            return True
+        except UnknownTask:
+            return False
+        return status in (TaskStatus.PENDING, TaskStatus.RUNNING)
 
     def _fail_stop(self, slot: int, store: Store, exc: CommitUnknown) -> NoReturn:
         """Stop the process now, like ``run``: no slot writes again after a commit
