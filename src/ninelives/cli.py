@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -23,6 +22,7 @@ from .errors import (
     StoreError,
     TaskBusy,
     TaskFailed,
+    TasksLeft,
     UnknownTask,
     VerificationFailed,
 )
@@ -36,15 +36,18 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (CommitUnknown, 6),
     (StoreError, 5),
     (VerificationFailed, 7),
+    (TasksLeft, 9),
     (NineLivesError, 5),
 )
 EXIT_INTERRUPTED = 130
 
 EPILOG = """exit codes:
-  0  done (also when already done)     4  bad input (usage, plan, task id, existing id)
-  1  unknown task                      5  database unusable (missing folder, corrupt, not SQLite)
-  2  task failed (attempt limit)       6  an I/O error left a write's outcome unknown; run again
+  0  done (also when already done)     4  bad input (usage, plan, task id, existing id,
+  1  unknown task                         a tool missing here; nothing written)
+  2  task failed (attempt or           5  database unusable, or this task's rows damaged
+     recovery limit)                   6  an I/O error left a write's outcome unknown; run again
   3  another process runs this task    7  verify or torture found violations (listed on stdout)
+                                       9  worker --drain left tasks it could not run (named)
                                      130  interrupted
 """
 
@@ -142,6 +145,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from .journal import printable_json
+
     with _runtime(args, readonly=True) as rt:
         task = rt.status(args.task_id)
     if args.json or args.outputs or not sys.stdout.isatty():
@@ -149,7 +154,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         if args.outputs:
             for row, step in zip(view["steps"], task.steps, strict=True):
                 row["output"] = step.output
-        print(json.dumps(view, ensure_ascii=False))
+        print(printable_json(view))
         return 0
     print(f"task {task.id}: {task.status.value}  ({task.goal})")
     for step in task.steps:
@@ -158,18 +163,22 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from .journal import printable_json
+
     with _runtime(args, readonly=True) as rt:
         events = rt.export(args.task_id)
     out = sys.stdout
     for event in events:
-        out.write(json.dumps(event.as_export(), ensure_ascii=False) + "\n")
+        out.write(printable_json(event.as_export()) + "\n")
     return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from .settings import Settings
     from .store import MissingStore, open_store
     from .verify import verify_store
 
+    settings = Settings.from_env()
     if (args.task_id is None) != args.all:
         raise InputError("give a TASK or --all, not both (see 'ninelives verify --help')")
     if args.artifacts is not None and os.path.exists(args.artifacts):
@@ -180,7 +189,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if args.all and isinstance(store, MissingStore):
             raise StoreError(f"no database at {args.db}")
         ids = None if args.all else [args.task_id]
-        report = verify_store(store, ids, artifacts=args.artifacts)
+        limits = (settings.max_attempts, settings.max_recoveries)
+        report = verify_store(store, ids, artifacts=args.artifacts, limits=limits)
     finally:
         store.close()
     for violation in report.violations:
@@ -257,7 +267,10 @@ def _worker_args(p: argparse.ArgumentParser) -> None:
         help="on SIGTERM, let running steps finish this long before giving them up (30)",
     )  # fmt: skip
     p.add_argument(
-        "--drain", action="store_true", help="exit 0 once the queue has no unfinished task"
+        "--drain",
+        action="store_true",
+        help="exit 0 once the queue has no unfinished task (9 if some were left because "
+        "this worker could not run them)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="log claims only, not steps")
 

@@ -13,9 +13,12 @@ the CLI maps each branch to one exit code in one place (``cli.EXIT_CODES``)::
     │   └── LeaseLost              this runner's claim was taken over (fenced)
     ├── TaskFailed                 a step reached the attempt limit
     ├── StoreError                 the database cannot be used
+    │   ├── DamagedTask            one task's stored rows cannot be read; others can
     │   └── CommitUnknown          a write failed mid-commit; its outcome is unknown
     │       └── EffectUnknown      an effect's write or fsync failed (EIO, ENOSPC)
     ├── ToolError                  a tool refused its input or its effect conflicts
+    │   └── OutputRefused          a tool's output cannot be stored (recorded as step_error)
+    ├── TasksLeft                  a drained worker left tasks it could not run
     └── VerificationFailed         verify or torture found a broken guarantee
 
 Driver exceptions (``sqlite3.Error``, ``psycopg.Error``) never leave a store:
@@ -68,6 +71,20 @@ class StoreError(NineLivesError):
     """The database cannot be opened or used (missing folder, corrupt, not a database)."""
 
 
+class DamagedTask(StoreError):
+    """A stored task's rows cannot be read: a status this version does not know
+    (written by a newer one, or by hand) or a JSON column that does not parse.
+
+    Only that task is unusable: ``run`` refuses it (exit 5) without writing,
+    workers skip it with a logged reason, ``verify`` names it, and every other
+    task goes on. ``task_id`` names it.
+    """
+
+    def __init__(self, message: str, *, task_id: str) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+
+
 class CommitUnknown(StoreError):
     """A write transaction failed with an I/O error: it may or may not be durable.
 
@@ -88,6 +105,18 @@ class EffectUnknown(CommitUnknown):
 
 class ToolError(NineLivesError):
     """A tool refused its input or found a conflicting effect; recorded as ``step_error``."""
+
+
+class OutputRefused(ToolError):
+    """A tool returned something that cannot be stored: not a JSON object, a
+    number JSON has no text for (NaN, infinity), text that is not valid Unicode
+    (a lone surrogate), or more than the maximum output size. Recorded as the
+    attempt's ``step_error`` before anything is committed."""
+
+
+class TasksLeft(NineLivesError):
+    """``worker --drain`` ran everything it could, but left tasks it could not run
+    (a tool missing on this host, a damaged task), each named; exit code 9."""
 
 
 class VerificationFailed(NineLivesError):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
+from .errors import OutputRefused
 from .models import Event, EventKind
 
 #: Kinds that close a ``step_started``.
@@ -15,9 +16,99 @@ CLOSING_KINDS = frozenset(
 )
 
 
+#: Largest output a step may commit, in bytes of its JSON text (``NINELIVES_MAX_OUTPUT``).
+MAX_OUTPUT_BYTES = 64 * 1024 * 1024
+#: Longest error text a ``step_error`` keeps, in characters.
+MAX_ERROR_CHARS = 2000
+
+
 def dumps(value: Any) -> str:
-    """Canonical JSON for stored columns: sorted keys, compact, UTF-8 kept."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """Canonical JSON for stored columns: sorted keys, compact, UTF-8 kept.
+
+    Standard JSON only: NaN and infinities raise ``ValueError`` instead of
+    becoming ``NaN``/``Infinity``, which SQLite's ``json_extract``, PostgreSQL's
+    ``jsonb`` and most JSON readers refuse.
+    """
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+def storable(value: Any, what: str) -> str:
+    """``value`` as canonical JSON text that every store accepts, else ``ValueError``
+    saying why: a type JSON lacks, NaN or an infinity, or text that is not valid
+    Unicode (a lone surrogate cannot be encoded as UTF-8). ``what`` names it."""
+    try:
+        text = dumps(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ValueError(f"{what} is not standard JSON: {exc}") from None
+    _check_unicode(text, what)
+    return text
+
+
+def _check_unicode(text: str, what: str) -> int:
+    """The UTF-8 size of ``text``, else ``ValueError`` naming the first bad character."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start : exc.end]
+        raise ValueError(
+            f"{what} is not valid Unicode text: {bad!r} at character {exc.start} ({exc.reason})"
+        ) from None
+
+
+def encode_output(output: Any, max_bytes: int = MAX_OUTPUT_BYTES) -> str:
+    """A tool's output as the JSON text its ``done`` commit stores.
+
+    Raises :class:`~ninelives.errors.OutputRefused` (recorded as a ``step_error``,
+    before any commit) unless ``output`` is a mapping that :func:`storable`
+    accepts and whose text is at most ``max_bytes`` bytes of UTF-8.
+    """
+    if not isinstance(output, Mapping):
+        raise OutputRefused(f"output refused: the tool returned {type(output).__name__}, "
+                            "not a JSON object (a dict)")  # fmt: skip
+    try:
+        text = dumps(output if isinstance(output, dict) else dict(output))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise OutputRefused(f"output refused: not standard JSON: {exc}") from None
+    try:
+        size = _check_unicode(text, "the output")
+    except ValueError as exc:
+        raise OutputRefused(f"output refused: {exc}") from None
+    if size > max_bytes:
+        raise OutputRefused(
+            f"output refused: {size} bytes of JSON exceed the maximum output size of "
+            f"{max_bytes} bytes (NINELIVES_MAX_OUTPUT)"
+        )
+    return text
+
+
+def clean_error(text: str) -> str:
+    """Error text safe to journal: lone surrogates escaped, at most
+    :data:`MAX_ERROR_CHARS` characters (the tail elided)."""
+    if len(text) > MAX_ERROR_CHARS:
+        text = text[:MAX_ERROR_CHARS] + f"… ({len(text) - MAX_ERROR_CHARS} more characters)"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def printable_json(value: Any) -> str:
+    """JSON for people and pipes (``status --outputs``, ``export``): UTF-8 kept,
+    and valid even for rows written before NaN was refused (those numbers are
+    printed as ``null``)."""
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(value), ensure_ascii=False, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if value - value == 0 else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 class JournalProblem(NamedTuple):

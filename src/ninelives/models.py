@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import Any, NamedTuple
 
+from .errors import DamagedTask
+
 
 class TaskStatus(str, Enum):
     """Lifecycle of a task; stored as its value in ``tasks.status``."""
@@ -64,17 +66,24 @@ class Step(NamedTuple):
 
     @classmethod
     def from_row(cls, task_id: str, row: Sequence[Any]) -> Step:
-        """A step from a ``get_steps`` row: ``(idx, tool, input, status, output, attempts)``."""
+        """A step from a ``get_steps`` row: ``(idx, tool, input, status, output, attempts)``.
+
+        Raises :class:`~ninelives.errors.DamagedTask` for a status this version
+        does not know or a JSON column that does not parse.
+        """
         idx, tool, raw_input, status, output, attempts = row
-        return cls(
-            task_id=task_id,
-            idx=idx,
-            tool=tool,
-            input=load_json_object(raw_input),
-            status=StepStatus(status),
-            output=load_json_object(output) if output is not None else None,
-            attempts=attempts,
-        )
+        try:
+            return cls(
+                task_id=task_id,
+                idx=idx,
+                tool=tool,
+                input=load_json_object(raw_input),
+                status=StepStatus(status),
+                output=load_json_object(output) if output is not None else None,
+                attempts=attempts,
+            )
+        except (ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError
+            raise _damaged(task_id, f"step {idx}", exc) from exc
 
     def as_status(self) -> dict[str, Any]:
         """The step as ``status`` prints it (the contract's four keys)."""
@@ -102,10 +111,14 @@ class Task(NamedTuple):
         """A task from a ``get_task`` row: ``(id, goal, status, created_at,
         updated_at, lease_epoch)``, with its steps."""
         task_id, goal, status, created_at, updated_at, lease_epoch = row
+        try:
+            task_status = TaskStatus(status)
+        except ValueError as exc:
+            raise _damaged(task_id, "task", exc) from exc
         return cls(
             id=task_id,
             goal=goal,
-            status=TaskStatus(status),
+            status=task_status,
             created_at=created_at,
             updated_at=updated_at,
             lease_epoch=lease_epoch,
@@ -141,6 +154,10 @@ class Event(NamedTuple):
     def from_row(cls, row: Sequence[Any]) -> Event:
         """An event from an ``events`` row: ``(seq, ts, task_id, run_id, kind, step_idx, data)``."""
         seq, ts, task_id, run_id, kind, step_idx, data = row
+        try:
+            loaded = load_json_object(data)
+        except (ValueError, TypeError) as exc:
+            raise _damaged(task_id, f"journal event seq {seq}", exc) from exc
         return cls(
             seq=seq,
             ts=ts,
@@ -148,7 +165,7 @@ class Event(NamedTuple):
             run_id=run_id,
             kind=kind,
             step_idx=step_idx,
-            data=load_json_object(data),
+            data=loaded,
         )
 
     def as_export(self) -> dict[str, Any]:
@@ -180,6 +197,15 @@ class Run(NamedTuple):
     epoch: int
     recovered: tuple[int, ...]
     started: tuple[int, int] | None = None
+
+
+def _damaged(task_id: str, where: str, exc: Exception) -> DamagedTask:
+    what = str(exc).split("\n")[0][:200]
+    return DamagedTask(
+        f"task {task_id!r} is damaged: {where}: {what}; it cannot be run or shown "
+        "until its rows are repaired (other tasks are not affected)",
+        task_id=task_id,
+    )
 
 
 def load_json_object(text: str | None) -> dict[str, Any]:

@@ -16,15 +16,15 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import crashpoints
-from .errors import CommitUnknown, InputError, InvalidTaskId, TaskFailed
-from .journal import dumps
-from .models import Event, Run, StepStatus, Task, TaskStatus
+from .errors import CommitUnknown, InputError, InvalidTaskId, OutputRefused, PlanError, TaskFailed
+from .journal import clean_error, encode_output, storable
+from .models import Event, EventKind, Run, Step, StepStatus, Task, TaskStatus
 from .settings import Settings
 from .store import Store, open_store
 
 if TYPE_CHECKING:
     from .plan import Plan
-    from .tools import Registry
+    from .tools import Registry, Tool
 
 # Patterns as text: re caches them compiled on first use (create), not at import.
 TASK_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
@@ -63,7 +63,22 @@ def prepare(
     elif not isinstance(plan, Plan):
         plan = load_plan(plan)
     validate(plan, tools.lookup)
+    _check_storable(plan)
     return plan
+
+
+def _check_storable(plan: Plan) -> None:
+    """Refuse a plan that a store cannot keep as standard JSON and UTF-8 text:
+    a number out of range (``1e999`` reads as infinity), a lone surrogate
+    (``"\\ud800"``), or a NUL in the goal (PostgreSQL text cannot hold one)."""
+    try:
+        storable(plan.goal, "the goal")
+        if "\x00" in plan.goal:
+            raise ValueError("the goal contains a NUL character")
+        for i, step in enumerate(plan.steps):
+            storable(step.input, f"step {i} input")
+    except ValueError as exc:
+        raise PlanError(f"plan refused: {exc}") from None
 
 
 QUEUE_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
@@ -165,18 +180,41 @@ class Runtime:
 
         Returns the task once ``done`` (also when it already was). Raises
         :class:`~ninelives.errors.TaskFailed` when a step reaches the attempt
-        limit (or the task had already failed), :class:`~ninelives.errors.TaskBusy`
-        at once if another process runs it, and
+        limit or the recovery limit (or the task had already failed),
+        :class:`~ninelives.errors.TaskBusy` at once if another process runs it,
+        :class:`~ninelives.errors.PlanError` if a tool it needs is missing here
+        and :class:`~ninelives.errors.DamagedTask` if its rows cannot be read
+        (both before anything is written), and
         :class:`~ninelives.errors.CommitUnknown` if a commit fails: then it stops
         without another write, and the next run recovers.
         """
         # The claim transaction also starts the first pending step: with it, a
         # run costs exactly two commits per step, the floor of this design.
-        run, task = self.store.begin_run(task_id, new_run_id(), start_first=True)
+        run, task = self.store.begin_run(
+            task_id, new_run_id(), start_first=True, check=self.resolve_tools,
+            max_recoveries=self.settings.max_recoveries,
+        )  # fmt: skip
         try:
             return self.execute(run, task)
         finally:
             self.store.end_run(run)
+
+    def resolve_tools(self, task: Task) -> None:
+        """Raise :class:`~ninelives.errors.PlanError` unless every tool that the
+        task's unfinished steps need is known here. Stores call it before they
+        claim a task (``check``), so a tool missing on this host costs no attempt,
+        no recovery and no journal event."""
+        if task.status not in (TaskStatus.PENDING, TaskStatus.RUNNING):
+            return
+        for step in task.steps:
+            if step.status in (StepStatus.PENDING, StepStatus.RUNNING):
+                try:
+                    self.tools.lookup(step.tool)
+                except PlanError as exc:
+                    raise PlanError(
+                        f"task {task.id!r} step {step.idx} needs {exc}; it was not "
+                        "started (nothing written): install or register the tool, then run again"
+                    ) from None
 
     def execute(self, run: Run, task: Task, *, stop: Callable[[], bool] | None = None) -> Task:
         """Run the pending steps of a task this runner holds (``run`` from
@@ -191,7 +229,8 @@ class Runtime:
         if run.recovered:
             self._say(f"{task_id}: recovered step(s) {list(run.recovered)} left running")
         if task.status is TaskStatus.FAILED:
-            raise TaskFailed(f"task {task_id!r} has failed; it is not run again")
+            raise TaskFailed(f"task {task_id!r} has failed ({self._failure(task_id)}); "
+                             "it is not run again")  # fmt: skip
         if task.status is TaskStatus.DONE:
             return task
         crashpoints.crash("after_recovery")
@@ -210,41 +249,85 @@ class Runtime:
         ctx: dict[int, Any] = task.outputs()
         for step in pending:
             tool = self.tools.lookup(step.tool)
-            last = step is pending[-1]
             while True:
-                if started is not None and started[0] == step.idx:
-                    attempt, started = started[1], None
-                else:
-                    if stop is not None and stop():
-                        return self.store.get_task(task_id)
-                    attempt = self.store.start_step(run, step.idx, step.tool)
-                crashpoints.crash("before_effect", step.idx)
-                if self.settings.step_delay:
-                    time.sleep(self.settings.step_delay)
-                # A runner paused past its lease must not start an effect that
-                # another runner may own by now (its commits would be fenced anyway).
-                self.store.check_lease(run)
-                try:
-                    output = dict(tool(step.input, ctx, f"{task_id}-{step.idx}"))
-                    encoded = dumps(output)
-                except CommitUnknown:
-                    raise  # storage failed under the effect: stop, never retry
-                except Exception as exc:
-                    error = f"{type(exc).__name__}: {exc}"
-                    self._say(f"{task_id}: step {step.idx} {step.tool} attempt {attempt}: {error}")
-                    if self.store.record_error(run, step.idx, error, self.settings.max_attempts):
-                        raise TaskFailed(
-                            f"task {task_id!r} failed: step {step.idx} ({step.tool}) "
-                            f"failed {attempt} times; last error: {error}"
-                        ) from None
-                    continue
-                crashpoints.crash("after_effect", step.idx)
-                self.store.finish_step(run, step.idx, step.tool, encoded, last=last)
-                crashpoints.crash("after_commit", step.idx)
-                self._say(f"{task_id}: step {step.idx} {step.tool} done {_brief(output)}")
-                ctx[step.idx] = output
+                attempt = self._start(run, step, started, stop)
+                started = None  # only ever the first step's first attempt
+                if attempt is None:
+                    return self.store.get_task(task_id)  # asked to stop; nothing running
+                result = self._attempt(run, step, tool, ctx, attempt)
+                if result is None:
+                    continue  # a step_error was recorded: try again
+                self._record(run, step, *result, last=step is pending[-1])
+                ctx[step.idx] = result[0]
                 break
         return self.store.get_task(task_id)
+
+    def _start(
+        self,
+        run: Run,
+        step: Step,
+        started: tuple[int, int] | None,
+        stop: Callable[[], bool] | None,
+    ) -> int | None:
+        """Commit the step ``running`` and return its attempt number (the claim
+        transaction may have done it already: ``started``); None when ``stop`` says so."""
+        if started is not None and started[0] == step.idx:
+            return started[1]
+        if stop is not None and stop():
+            return None
+        return self.store.start_step(run, step.idx, step.tool)
+
+    def _record(
+        self, run: Run, step: Step, output: dict[str, Any], encoded: str, *, last: bool
+    ) -> None:
+        """Commit the step ``done`` with its output (the task ``done`` too when ``last``)."""
+        crashpoints.crash("after_effect", step.idx)
+        self.store.finish_step(run, step.idx, step.tool, encoded, last=last)
+        crashpoints.crash("after_commit", step.idx)
+        self._say(f"{run.task_id}: step {step.idx} {step.tool} done {_brief(output)}")
+
+    def _attempt(
+        self, run: Run, step: Step, tool: Tool, ctx: dict[int, Any], attempt: int
+    ) -> tuple[dict[str, Any], str] | None:
+        """Run the tool of a step committed ``running``: its output and the JSON
+        text to store, or None once a ``step_error`` is recorded (the tool raised,
+        or its output cannot be stored). Raises TaskFailed at the attempt limit."""
+        crashpoints.crash("before_effect", step.idx)
+        if self.settings.step_delay:
+            time.sleep(self.settings.step_delay)
+        # A runner paused past its lease must not start an effect that
+        # another runner may own by now (its commits would be fenced anyway).
+        self.store.check_lease(run)
+        try:
+            returned = tool(step.input, ctx, f"{run.task_id}-{step.idx}")
+            # Checked before the commit: text that cannot be stored (a lone
+            # surrogate, NaN, too big) would otherwise fail the commit on
+            # every attempt and leave the step running forever.
+            encoded = encode_output(returned, self.settings.max_output)
+        except CommitUnknown:
+            raise  # storage failed under the effect: stop, never retry
+        except Exception as exc:
+            self._record_error(run, step, attempt, exc)
+            return None
+        return (returned if isinstance(returned, dict) else dict(returned)), encoded
+
+    def _record_error(self, run: Run, step: Step, attempt: int, exc: Exception) -> None:
+        """Journal the attempt's ``step_error``; raise TaskFailed at the attempt limit."""
+        error = clean_error(str(exc) if isinstance(exc, OutputRefused) else
+                            f"{type(exc).__name__}: {exc}")  # fmt: skip
+        self._say(f"{run.task_id}: step {step.idx} {step.tool} attempt {attempt}: {error}")
+        if self.store.record_error(run, step.idx, error, self.settings.max_attempts):
+            raise TaskFailed(
+                f"task {run.task_id!r} failed: step {step.idx} ({step.tool}) "
+                f"failed {attempt} times; last error: {error}"
+            ) from None
+
+    def _failure(self, task_id: str) -> str:
+        """The journaled reason a task failed (read only on that path)."""
+        for event in reversed(self.store.events(task_id)):
+            if event.kind == EventKind.TASK_FAILED.value:
+                return str(event.data.get("reason", "no reason recorded"))
+        return "no reason recorded"
 
     def _say(self, line: str) -> None:
         if self._log is not None:

@@ -23,6 +23,11 @@ class Settings(NamedTuple):
     ollama_url: str = "http://127.0.0.1:11434"
     ollama_model: str = "llama3.2"
     workspace: str = "."
+    #: Times one step may be found ``running`` after its process died (crash, OOM,
+    #: kill) and be run again before the task fails (``NINELIVES_MAX_RECOVERIES``).
+    max_recoveries: int = 5
+    #: Largest step output stored, in bytes of JSON (``NINELIVES_MAX_OUTPUT``).
+    max_output: int = 64 * 1024 * 1024
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -44,6 +49,17 @@ class Settings(NamedTuple):
             ollama_url=env.get("OLLAMA_URL") or "http://127.0.0.1:11434",
             ollama_model=env.get("OLLAMA_MODEL") or "llama3.2",
             workspace=env.get("NINELIVES_WORKSPACE") or ".",
+            max_recoveries=_number(env, "NINELIVES_MAX_RECOVERIES", 5, int, minimum=0),
+            # SQLite refuses a value over 1e9 bytes by default; half of that leaves
+            # room for the row and for a reader's copy in memory.
+            max_output=_number(
+                env,
+                "NINELIVES_MAX_OUTPUT",
+                64 * 1024 * 1024,
+                int,
+                minimum=1024,
+                maximum=512 * 1024 * 1024,
+            ),
         )
 
 

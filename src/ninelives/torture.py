@@ -134,6 +134,9 @@ class _Session:
         base.update(env or {})
         base.pop("AGENT_CRASH_AT", None)
         base["AGENT_ARTIFACTS"] = self.artifacts
+        # Torture kills the same step again and again on purpose: the recovery
+        # limit, which fails such a task, would end the experiment early.
+        base.setdefault("NINELIVES_MAX_RECOVERIES", "1000000")
         base.pop("NINELIVES_CRASH_PAUSE", None)
         if pause > 0:
             base["NINELIVES_CRASH_PAUSE"] = repr(pause)

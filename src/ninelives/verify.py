@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import StoreError
+from .errors import DamagedTask, StoreError
 from .journal import CLOSING_KINDS, journal_problems
 from .models import Event, EventKind, StepStatus, Task, TaskStatus
 
@@ -71,14 +71,19 @@ class VerifyReport:
         return not self.violations
 
 
-def check_task(task: Task, events: Sequence[Event]) -> list[Violation]:
+def check_task(
+    task: Task, events: Sequence[Event], *, limits: tuple[int, int] | None = None
+) -> list[Violation]:
     """Every violation in one task and its journal (``events`` in ``seq`` order).
 
     Beyond :func:`ninelives.journal.journal_problems`: ``task_created`` once and
     first; a start still open at the end only while its step is ``running``;
     no step finished twice; each step's status and attempts agree with its
     journal; the task's status agrees with its journal; every ``done`` step
-    has an output; a ``done`` task has only ``done`` steps.
+    has an output; a ``done`` task has only ``done`` steps. With ``limits``
+    (``max_attempts``, ``max_recoveries``), also that no step went past them:
+    more ``step_error`` events than the attempt limit, or more ``step_recovered``
+    than the recovery limit plus the one that fails the task.
     """
     found: list[Violation] = []
 
@@ -172,6 +177,35 @@ def check_task(task: Task, events: Sequence[Event]) -> list[Violation]:
     ends = [e.seq for e in events if e.kind in TASK_END_STATUS]
     if len(ends) > 1:
         add("task_end", f"{len(ends)} task_done/task_failed events", ends)
+    if limits is not None:
+        found.extend(_past_limits(task, events, *limits))
+    return found
+
+
+def _past_limits(
+    task: Task, events: Sequence[Event], max_attempts: int, max_recoveries: int
+) -> list[Violation]:
+    """Steps that were run again past a limit instead of failing the task."""
+    found = []
+    checks = (
+        (EventKind.STEP_ERROR.value, max_attempts, "attempt_limit", "AGENT_MAX_ATTEMPTS"),
+        # The recovery past the limit is journaled too: it is the one that fails the task.
+        (EventKind.STEP_RECOVERED.value, max_recoveries + 1, "recovery_limit",
+         "NINELIVES_MAX_RECOVERIES"),
+    )  # fmt: skip
+    for kind, allowed, check, variable in checks:
+        seqs: dict[int, list[int]] = {}
+        for event in events:
+            if event.kind == kind and event.step_idx is not None:
+                seqs.setdefault(event.step_idx, []).append(event.seq)
+        for idx, seen in sorted(seqs.items()):
+            if len(seen) > allowed:
+                message = (
+                    f"step {idx} has {len(seen)} {kind} events, more than the limit allows "
+                    f"({variable} as verify runs): it was run again instead of failing"
+                )
+                found.append(Violation(task_id=task.id, check=check, message=message,
+                                       seqs=tuple(seen[allowed:])))  # fmt: skip
     return found
 
 
@@ -280,10 +314,15 @@ def read_consistent(store: Any, task_id: str, *, tries: int = 20) -> tuple[Task,
 
 
 def verify_store(
-    store: Any, task_ids: Sequence[str] | None = None, *, artifacts: str | None = None
+    store: Any,
+    task_ids: Sequence[str] | None = None,
+    *,
+    artifacts: str | None = None,
+    limits: tuple[int, int] | None = None,
 ) -> VerifyReport:
     """Check ``task_ids`` (every task when None) of ``store``; with ``artifacts``,
-    also the published files in that folder. Raises
+    also the published files in that folder; with ``limits`` (``max_attempts``,
+    ``max_recoveries``), that no step went past them. Raises
     :class:`~ninelives.errors.UnknownTask` for a named task that is not stored."""
     found: list[Violation] = []
     integrity = getattr(store, "integrity_problems", None)
@@ -295,11 +334,12 @@ def verify_store(
         try:
             task, events = read_consistent(store, task_id)
         except StoreError as exc:
-            # A damaged file may still answer for other tasks: report and go on.
-            found.append(Violation(task_id=task_id, check="unreadable", message=str(exc)))
+            # A damaged file or task may still let the others be read: report and go on.
+            check = "damaged" if isinstance(exc, DamagedTask) else "unreadable"
+            found.append(Violation(task_id=task_id, check=check, message=str(exc)))
             continue
         total += len(events)
-        found.extend(check_task(task, events))
+        found.extend(check_task(task, events, limits=limits))
         if artifacts is not None:
             found.extend(check_artifacts(task, events, artifacts))
     return VerifyReport(

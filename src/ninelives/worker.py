@@ -17,6 +17,15 @@ store connection, looping claim -> run -> release:
   releases its lease and ends; the process exits 0. Steps still running after
   ``grace`` seconds, or at a second signal, are given up: a new epoch fences
   them out, and the next claimer recovers them. SIGKILL is covered by expiry.
+* A task this worker cannot run (a tool missing on this host, rows it cannot
+  read) is refused before it is claimed, so nothing is written: the slot logs
+  ``action=cannot_run`` or ``action=damaged`` and passes it over for
+  ``SKIP_SECONDS``. With ``drain`` the worker ends once only such tasks are
+  left, naming them (:class:`~ninelives.errors.TasksLeft`, exit 9).
+* An I/O error that leaves a commit's outcome unknown stops the whole process
+  at once, exactly as ``run`` does: the slot closes its connection and the
+  process exits 6 without another write (no slot may commit after a failed
+  write or sync of the same database); the next claimer recovers.
 
 Each action is one line on stderr: ``worker=HOST/PID/SLOT action=NAME task=ID ...``.
 """
@@ -32,17 +41,38 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
-from .errors import CommitUnknown, LeaseLost, NineLivesError, StoreError, TaskFailed
-from .models import Run, TaskStatus
+from .errors import (
+    CommitUnknown,
+    DamagedTask,
+    LeaseLost,
+    NineLivesError,
+    PlanError,
+    StoreError,
+    TaskFailed,
+    TasksLeft,
+    UnknownTask,
+)
+from .models import Run, Task, TaskStatus
 from .runtime import Runtime, check_queue, new_run_id
 from .settings import Settings
 from .store import Store, lease_settings, open_store
 from .tools import Registry
 
-#: How long a slot leaves alone a task it could not run (say, a tool missing on this host).
+#: How long the worker leaves alone a task it could not run (say, a tool missing on this host).
 SKIP_SECONDS = 60.0
+#: The exit code of an unknown commit outcome (``cli.EXIT_CODES`` for CommitUnknown;
+#: a test keeps them equal). The worker leaves with it from whichever slot hit it.
+EXIT_OUTCOME_UNKNOWN = 6
+
+
+class _CannotRun(NineLivesError):
+    """A task refused before its claim (a tool this host lacks), with its id."""
+
+    def __init__(self, task_id: str, reason: str) -> None:
+        super().__init__(reason)
+        self.task_id = task_id
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,6 +158,10 @@ class Worker:
         self._signals = 0
         self._current: dict[int, Run] = {}
         self._mutex = threading.Lock()
+        # Tasks this worker could not run: id -> (retry after, reason). Shared by
+        # the slots, so one refusal spares the others the same attempt.
+        self._unrunnable: dict[str, tuple[float, str]] = {}
+        self._drained = 0
 
     # -- logging ------------------------------------------------------------
 
@@ -151,10 +185,14 @@ class Worker:
     # -- the process --------------------------------------------------------
 
     def run(self) -> int:
-        """Run until stopped; returns the exit code (0 after a graceful stop).
+        """Run until stopped or drained; returns 0 after a graceful stop or a full drain.
 
         Opens every slot's store first, so a database that cannot be used is
-        an error here (exit 5) rather than a slot that quietly dies.
+        an error here (exit 5) rather than a slot that quietly dies. Raises
+        :class:`~ninelives.errors.TasksLeft` when a drain ends with tasks this
+        worker could not run, and :class:`~ninelives.errors.StoreError` if every
+        slot ended for another reason: a worker never ends "successfully" by
+        itself. An unknown commit outcome ends the process (exit 6, see above).
         """
         # Handlers first: a signal while the stores connect stops the worker cleanly.
         previous = {
@@ -189,7 +227,28 @@ class Worker:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        self.note("-", "stopped")
+        return self._outcome()
+
+    def _outcome(self) -> int:
+        """Why every slot ended: asked to stop, drained, or neither (an error)."""
+        if self._stopping.is_set():
+            self.note("-", "stopped")
+            return 0
+        if self._drained < self.options.concurrency:
+            self.note("-", "stopped", reason="slots_ended")
+            raise StoreError(
+                f"{self.options.concurrency - self._drained} worker slot(s) ended unexpectedly "
+                "(see the log above); the worker stopped"
+            )
+        with self._mutex:
+            left = sorted(self._unrunnable.items())
+        self.note("-", "stopped", left=len(left) or None)
+        if left:
+            named = "; ".join(f"{task_id}: {reason}" for task_id, (_, reason) in left)
+            raise TasksLeft(
+                f"queue {self.options.queue!r} drained except {len(left)} task(s) this "
+                f"worker could not run: {named}"
+            )
         return 0
 
     def stop(self) -> None:
@@ -228,35 +287,114 @@ class Worker:
 
     def _slot(self, slot: int, store: Store) -> None:
         runtime = Runtime(store, settings=self.settings, tools=self.tools, log=self._step_log)
-        skip: dict[str, float] = {}
-        opts = self.options
         try:
             while not self._stopping.is_set():
-                now = time.monotonic()
-                for task_id in [t for t, until in skip.items() if until < now]:
-                    del skip[task_id]
-                try:
-                    claimed = store.claim_next(opts.queue, new_run_id(), skip=list(skip))
-                    if claimed is None:
-                        if opts.drain and store.unfinished(opts.queue) == 0:
-                            self.note(slot, "drained", queue=opts.queue)
-                            return
-                        self._stopping.wait(opts.poll * random.uniform(0.5, 1.0))
-                        continue
-                except StoreError as exc:
-                    self.note(slot, "store_error", error=_one_line(exc))
-                    self._stopping.wait(opts.poll)
+                claimed = self._claim(slot, runtime, store)
+                if claimed is None:
+                    if self.options.drain and self._is_drained(store):
+                        self.note(slot, "drained", queue=self.options.queue)
+                        with self._mutex:
+                            self._drained += 1
+                        return
+                    self._stopping.wait(self.options.poll * random.uniform(0.5, 1.0))
                     continue
-                self._execute(slot, runtime, store, *claimed, skip)
+                if isinstance(claimed, tuple):
+                    self._execute(slot, runtime, store, *claimed)
+        except BaseException as exc:
+            # Not re-raised: the thread would print a traceback; the log line and
+            # the worker's exit status (5, not 0) say it instead.
+            self.note(slot, "slot_ended", error=f"{type(exc).__name__}: {_one_line(exc)}")
         finally:
             runtime.close()
 
-    def _execute(self, slot: int, runtime: Runtime, store: Store, run: Run, task: Any,
-                 skip: dict[str, float]) -> None:  # fmt: skip
+    def _claim(self, slot: int, runtime: Runtime, store: Store) -> tuple[Run, Task] | bool | None:
+        """Claim the next task: the claim, None when there is none to claim, or
+        False after a task was refused or an error logged (look again soon)."""
+
+        def check(task: Task) -> None:
+            try:
+                runtime.resolve_tools(task)
+            except PlanError as exc:
+                raise _CannotRun(task.id, str(exc)) from None
+
+        try:
+            return store.claim_next(
+                self.options.queue, new_run_id(), skip=self._skipped(), check=check,
+                max_recoveries=self.settings.max_recoveries,
+            )  # fmt: skip
+        except (_CannotRun, DamagedTask) as exc:
+            self._refuse(slot, exc.task_id, exc)
+            return False
+        except CommitUnknown as exc:
+            self._fail_stop(slot, store, exc)
+        except StoreError as exc:
+            self.note(slot, "store_error", error=_one_line(exc))
+        except Exception as exc:  # a bug must not take the slot down
+            self.note(slot, "crashed", error=f"{type(exc).__name__}: {_one_line(exc)}")
+        self._stopping.wait(self.options.poll)
+        return False
+
+    def _skipped(self) -> list[str]:
+        """Tasks refused less than SKIP_SECONDS ago: passed over by every slot."""
+        now = time.monotonic()
+        with self._mutex:
+            return [t for t, (until, _) in self._unrunnable.items() if until > now]
+
+    def _refuse(self, slot: int | str, task_id: str, exc: Exception) -> None:
+        action = "damaged" if isinstance(exc, DamagedTask) else "cannot_run"
+        with self._mutex:
+            self._unrunnable[task_id] = (time.monotonic() + SKIP_SECONDS, str(exc))
+        self.note(slot, action, task=task_id, error=_one_line(exc))
+
+    def _is_drained(self, store: Store) -> bool:
+        """Nothing left to claim but the tasks this worker cannot run."""
+        with self._mutex:
+            refused = list(self._unrunnable)
+        try:
+            if store.unfinished(self.options.queue, skip=refused) != 0:
+                return False
+            # Forget the refused tasks that someone else has finished meanwhile.
+            for task_id in refused:
+                if not self._still_unfinished(store, task_id):
+                    with self._mutex:
+                        self._unrunnable.pop(task_id, None)
+        except StoreError as exc:
+            self.note("-", "store_error", error=_one_line(exc))
+            return False
+        return True
+
+    @staticmethod
+    def _still_unfinished(store: Store, task_id: str) -> bool:
+        try:
+            status = store.get_task(task_id).status
+        except DamagedTask:
+            return True
+        except UnknownTask:
+            return False
+        return status in (TaskStatus.PENDING, TaskStatus.RUNNING)
+
+    def _fail_stop(self, slot: int, store: Store, exc: CommitUnknown) -> NoReturn:
+        """Stop the process now, like ``run``: no slot writes again after a commit
+        (or an effect's fsync) whose outcome is unknown. The lock dies with the
+        process; the next claimer recovers whatever is left running."""
+        self.note(slot, "commit_unknown", error=_one_line(exc))
+        try:
+            store.close()
+        except Exception:  # leaving anyway
+            pass
+        try:
+            print(f"ninelives: error: {exc}", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+        except OSError:
+            pass
+        os._exit(EXIT_OUTCOME_UNKNOWN)  # the other slots may be inside a tool
+
+    def _execute(self, slot: int, runtime: Runtime, store: Store, run: Run, task: Task) -> None:
         ids = {"task": run.task_id, "run": run.run_id, "epoch": run.epoch}
         self.note(slot, "claimed", **ids, recovered=list(run.recovered) or None)
         with self._mutex:
             self._current[slot] = run
+            self._unrunnable.pop(run.task_id, None)
         try:
             result = runtime.execute(run, task, stop=self._stopping.is_set)
         except LeaseLost:
@@ -264,16 +402,17 @@ class Worker:
         except TaskFailed as exc:
             self.note(slot, "failed", **ids, error=_one_line(exc))
         except CommitUnknown as exc:
-            self.note(slot, "commit_unknown", **ids, error=_one_line(exc))
+            with self._mutex:
+                self._current.pop(slot, None)
+            self._fail_stop(slot, store, exc)
         except StoreError as exc:
             self.note(slot, "store_error", **ids, error=_one_line(exc))
         except NineLivesError as exc:
-            # Not runnable here (a tool this host lacks, a bad stored plan):
-            # leave it to other workers for a while rather than spin on it.
-            skip[run.task_id] = time.monotonic() + SKIP_SECONDS
-            self.note(slot, "cannot_run", **ids, error=_one_line(exc))
+            # Not runnable here after all (a bad stored input, say): leave it
+            # to other workers for a while rather than spin on it.
+            self._refuse(slot, run.task_id, exc)
         except Exception as exc:  # a bug must not take the other slots down
-            skip[run.task_id] = time.monotonic() + SKIP_SECONDS
+            self._refuse(slot, run.task_id, exc)
             self.note(slot, "crashed", **ids, error=f"{type(exc).__name__}: {_one_line(exc)}")
         else:
             done = result.status is TaskStatus.DONE

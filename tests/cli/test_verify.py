@@ -300,3 +300,34 @@ def test_task_created_must_come_first_and_once() -> None:
     assert check_task(task, [_ev(1, "task_created")]) == []
     found = check_task(task, [_ev(1, "task_created"), _ev(2, "task_created")])
     assert [(v.check, v.seqs) for v in found] == [("task_created", (1, 2))]
+
+
+# -- limits: a step run again past the attempt or recovery limit --------------------
+
+
+def test_verify_reports_steps_run_past_the_attempt_and_recovery_limits(tmp_path: Path) -> None:
+    lab = Lab(tmp_path / "lab")
+    lab.write("input/notes.txt", "one\ntwo\nthree\n")
+    lab.write_plan({"goal": "g", "steps": [{"tool": "fetch", "input": {"path": "input/none"}}]})
+    assert lab.cli("create", "errs", "plan.json").returncode == 0
+    assert lab.cli("run", "errs", AGENT_MAX_ATTEMPTS="5").returncode == 2
+    lab.guide_setup()
+    assert lab.cli("create", "dies", "plan.json").returncode == 0
+    for _ in range(8):
+        killed = lab.cli(
+            "run", "dies", AGENT_CRASH_AT="before_effect:0", NINELIVES_MAX_RECOVERIES="99"
+        )
+        assert killed.returncode == -9
+    # Checked against the limits verify itself runs with: those of the runs pass.
+    lenient = lab.cli("verify", "--all", AGENT_MAX_ATTEMPTS="5", NINELIVES_MAX_RECOVERIES="99")
+    assert lenient.returncode == 0, lenient.stdout
+    strict = lab.cli("verify", "--all")
+    assert strict.returncode == 7
+    lines = strict.stdout.splitlines()
+    assert any(
+        line.startswith("errs: attempt_limit: step 0 has 5 step_error events") for line in lines
+    ), lines
+    assert any(
+        line.startswith("dies: recovery_limit: step 0 has 7 step_recovered events")
+        for line in lines
+    ), lines

@@ -103,3 +103,30 @@ def test_a_real_full_disk(tmp_path: Path) -> None:
     assert any("publishing" in m and "No space left" in m for m in messages)  # the artifact
     leftover = next(o for o in outcomes if o.name == "leftover-temp")
     assert leftover.exit_codes[0] != 0
+
+
+# -- the worker: fail-stop exactly like run ---------------------------------------
+
+
+def test_a_worker_stops_at_every_failed_fsync_like_run() -> None:
+    # The artifact's temporary file fsync among them: a worker that logged the
+    # error and claimed again re-published 1 ms later and exited 0.
+    report = sweep(syscalls=("fsync",), errors=("EIO",), command="worker")
+    assert report.counts["fsync"] >= 4
+    _worker_clean(report)
+    assert report.exit_codes() == {6: report.faults}
+
+
+def test_a_worker_stops_at_every_failed_fdatasync_like_run() -> None:
+    # A failed WAL sync: the same connection must not write another frame.
+    report = sweep(syscalls=("fdatasync",), errors=("EIO",), command="worker")
+    _worker_clean(report)
+    commits = [o for o in report.outcomes if o.target == "state.db-wal" and o.exit_code == 6]
+    # The WAL header's sync and each commit's: the claim with the first step's
+    # start, then two per step (a checkpoint's sync at exit may fail quietly).
+    assert len(commits) >= 7, [(str(o.case), o.target, o.exit_code) for o in report.outcomes]
+
+
+def _worker_clean(report: FaultReport) -> None:
+    assert report.faults == sum(report.counts.values())
+    assert report.problems == []

@@ -19,7 +19,7 @@ a third of the lease) set both for every command; ``worker`` has flags too.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from ..errors import InputError, TaskExists, UnknownTask
@@ -52,7 +52,13 @@ class Store(Protocol):
         ...
 
     def begin_run(
-        self, task_id: str, run_id: str, *, start_first: bool = False
+        self,
+        task_id: str,
+        run_id: str,
+        *,
+        start_first: bool = False,
+        check: Callable[[Task], None] | None = None,
+        max_recoveries: int | None = None,
     ) -> tuple[Run, Task]:
         """Take the task for this runner, recover it, and journal ``run_started``.
 
@@ -65,17 +71,37 @@ class Store(Protocol):
         as recovered. Raises :class:`~ninelives.errors.TaskBusy` at once if a live
         runner holds the task, :class:`UnknownTask` if there is no such task.
         The caller must call :meth:`end_run`.
+
+        ``check`` is called with the task as stored, inside the transaction and
+        before anything is written: if it raises, the claim is not made, nothing
+        is written and the error propagates (a tool this host lacks). A task
+        whose rows cannot be read raises :class:`~ninelives.errors.DamagedTask`,
+        also having written nothing.
+
+        With ``max_recoveries``, a step recovered for more than that many times
+        in all (its process died each time it ran) is not run again: the same
+        transaction marks it and the task ``failed`` with ``task_failed``
+        (reason from :func:`recovery_limit_reason`). The count is read only
+        when there is a step to recover.
         """
         ...
 
     def claim_next(
-        self, queue: str, run_id: str, *, skip: Sequence[str] = ()
+        self,
+        queue: str,
+        run_id: str,
+        *,
+        skip: Sequence[str] = (),
+        check: Callable[[Task], None] | None = None,
+        max_recoveries: int | None = None,
     ) -> tuple[Run, Task] | None:
         """Claim the oldest unfinished task of ``queue`` that no live runner holds,
-        as :meth:`begin_run` does (recovery and ``run_started`` included).
+        as :meth:`begin_run` does (recovery, ``check`` and ``max_recoveries`` included).
 
         Returns None at once when there is none; never waits for a held task.
-        Ids in ``skip`` are passed over. The caller must call :meth:`end_run`.
+        Ids in ``skip`` are passed over. A task that ``check`` refuses or that
+        is damaged raises as in :meth:`begin_run`, nothing written; the caller
+        passes it in ``skip`` from then on. The caller must call :meth:`end_run`.
         """
         ...
 
@@ -91,8 +117,9 @@ class Store(Protocol):
         Never raises."""
         ...
 
-    def unfinished(self, queue: str) -> int:
-        """How many tasks of ``queue`` are still ``pending`` or ``running``."""
+    def unfinished(self, queue: str, *, skip: Sequence[str] = ()) -> int:
+        """How many tasks of ``queue`` are still ``pending`` or ``running``,
+        leaving out the ids in ``skip``."""
         ...
 
     def start_step(self, run: Run, idx: int, tool: str) -> int:
@@ -147,9 +174,7 @@ class MissingStore:
     def get_task(self, task_id: str) -> Task:
         raise self._unknown(task_id)
 
-    def begin_run(
-        self, task_id: str, run_id: str, *, start_first: bool = False
-    ) -> tuple[Run, Task]:
+    def begin_run(self, task_id: str, run_id: str, **options: object) -> tuple[Run, Task]:
         raise self._unknown(task_id)
 
     def task_ids(self) -> list[str]:
@@ -172,6 +197,16 @@ def task_exists(task_id: str, stored: str) -> TaskExists:
         return TaskExists(f"task {task_id!r} already exists")
     return TaskExists(
         f"task {task_id!r} already exists as {stored!r} (task ids are unique regardless of case)"
+    )
+
+
+def recovery_limit_reason(idx: int, count: int, limit: int | None) -> str:
+    """The ``task_failed`` reason when step ``idx`` reached the recovery limit."""
+    return (
+        f"step {idx} was found running after its process died {count} times "
+        f"(limit {limit}, NINELIVES_MAX_RECOVERIES): it is not run again; "
+        "a step that kills its process every time (out of memory, a crash) "
+        "would otherwise be retried forever"
     )
 
 

@@ -51,7 +51,14 @@ from ..errors import CommitUnknown, LeaseLost, StoreError, TaskBusy, TaskExists,
 from ..journal import dumps
 from ..models import Event, EventKind, Run, Step, Task, TaskStatus
 from ..plan import Plan
-from . import DEFAULT_LEASE, fencing_disabled, heartbeat_disabled, sql, task_exists
+from . import (
+    DEFAULT_LEASE,
+    fencing_disabled,
+    heartbeat_disabled,
+    recovery_limit_reason,
+    sql,
+    task_exists,
+)
 
 Q = sql.load_queries("postgres")
 CONNECT_TIMEOUT = 10
@@ -456,7 +463,13 @@ class PostgresStore:
             return [row[0] for row in conn.execute(Q["task_ids"])]
 
     def begin_run(
-        self, task_id: str, run_id: str, *, start_first: bool = False
+        self,
+        task_id: str,
+        run_id: str,
+        *,
+        start_first: bool = False,
+        check: Callable[[Task], None] | None = None,
+        max_recoveries: int | None = None,
     ) -> tuple[Run, Task]:
         sent = time.monotonic()
         claimed: int | None = None
@@ -475,11 +488,13 @@ class PostgresStore:
                             "(its lease is held)"
                         )
                     conn.execute(Q["holder_unlock"], {"id": task_id, "epoch": held})
+                if check is not None:
+                    check(self._load(conn, task_id))  # raising here writes nothing
                 owner = f"{self._owner}/{run_id}"
                 params = {"id": task_id, "owner": owner, "lease": self.lease}
                 epoch = int(_scalar(conn, Q["claim"], params))
                 claimed = epoch
-                run, task = self._recover(conn, task_id, run_id, epoch, start_first)
+                run, task = self._recover(conn, task_id, run_id, epoch, start_first, max_recoveries)
         except BaseException:
             if claimed is not None:
                 self._unlock_quietly(task_id, claimed)
@@ -488,7 +503,13 @@ class PostgresStore:
         return run, task
 
     def claim_next(
-        self, queue: str, run_id: str, *, skip: Sequence[str] = ()
+        self,
+        queue: str,
+        run_id: str,
+        *,
+        skip: Sequence[str] = (),
+        check: Callable[[Task], None] | None = None,
+        max_recoveries: int | None = None,
     ) -> tuple[Run, Task] | None:
         sent = time.monotonic()
         claimed: tuple[str, int] | None = None
@@ -502,7 +523,12 @@ class PostgresStore:
                 if row is None:
                     return None
                 claimed = (row[0], row[1])
-                run, task = self._recover(conn, row[0], run_id, row[1])
+                # The claim UPDATE is rolled back with the rest if the task is
+                # damaged or refused: nothing is written.
+                found = self._load(conn, row[0])
+                if check is not None:
+                    check(found)
+                run, task = self._recover(conn, row[0], run_id, row[1], False, max_recoveries)
         except BaseException:
             if claimed is not None:
                 self._unlock_quietly(*claimed)
@@ -511,15 +537,32 @@ class PostgresStore:
         return run, task
 
     def _recover(
-        self, conn: Conn, task_id: str, run_id: str, epoch: int, start_first: bool = False
+        self,
+        conn: Conn,
+        task_id: str,
+        run_id: str,
+        epoch: int,
+        start_first: bool = False,
+        max_recoveries: int | None = None,
     ) -> tuple[Run, Task]:
         conn.execute(Q["holder_lock"], {"id": task_id, "epoch": epoch})
         recovered = [r[0] for r in conn.execute(Q["running_steps"], {"id": task_id})]
         if recovered:
             conn.execute(Q["recover_steps"], {"id": task_id})
+        worn_out: tuple[int, int] | None = None
         for idx in recovered:
+            if max_recoveries is not None and worn_out is None:
+                count = int(_scalar(conn, Q["recoveries"], {"id": task_id, "idx": idx})) + 1
+                if count > max_recoveries:
+                    worn_out = (idx, count)
             self._event(conn, task_id, run_id, EventKind.STEP_RECOVERED, idx)
         self._event(conn, task_id, run_id, EventKind.RUN_STARTED, None, {"recovered": recovered})
+        if worn_out is not None:
+            idx, count = worn_out
+            conn.execute(Q["step_failed"], {"id": task_id, "idx": idx})
+            conn.execute(Q["fail_task"], {"id": task_id})
+            reason = recovery_limit_reason(idx, count, max_recoveries)
+            self._event(conn, task_id, run_id, EventKind.TASK_FAILED, idx, {"reason": reason})
         started = self._start_first(conn, task_id, run_id) if start_first else None
         crashpoints.crash("recovery_before_commit")
         task = self._load(conn, task_id)
@@ -628,9 +671,9 @@ class PostgresStore:
         except (psycopg.Error, StoreError):
             self._drop()  # then the lease expires by itself
 
-    def unfinished(self, queue: str) -> int:
+    def unfinished(self, queue: str, *, skip: Sequence[str] = ()) -> int:
         with self._read() as conn:
-            row = conn.execute(Q["unfinished"], {"queue": queue}).fetchone()
+            row = conn.execute(Q["unfinished"], {"queue": queue, "skip": list(skip)}).fetchone()
         return int(row[0]) if row else 0
 
     def events(self, task_id: str) -> list[Event]:

@@ -22,7 +22,7 @@ from ..errors import CommitUnknown, LeaseLost, StoreError, TaskBusy, TaskExists,
 from ..journal import dumps
 from ..locking import TaskLock
 from ..models import Event, EventKind, Run, Step, Task, TaskStatus
-from . import fencing_disabled, sql, task_exists
+from . import fencing_disabled, recovery_limit_reason, sql, task_exists
 from .sqlite_files import (
     CONTRACT_TABLES,
     check_file,
@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
 Q = sql.load_queries("sqlite")
 BUSY_TIMEOUT = 60.0
+#: Candidate tasks a worker reads at a time while looking for one it can lock.
+CLAIM_PAGE = 64
 
 # Failures after which a write's outcome is unknown: the pages may or may not
 # have reached the disk, and SQLite may bring the row back after a crash.
@@ -302,14 +304,26 @@ class SQLiteStore:
             return [row[0] for row in conn.execute(Q["task_ids"])]
 
     def begin_run(
-        self, task_id: str, run_id: str, *, start_first: bool = False
+        self,
+        task_id: str,
+        run_id: str,
+        *,
+        start_first: bool = False,
+        check: Callable[[Task], None] | None = None,
+        max_recoveries: int | None = None,
     ) -> tuple[Run, Task]:
-        with self._read() as conn:  # UnknownTask before any lock file is made
-            if conn.execute(Q["get_task"], {"id": task_id}).fetchone() is None:
-                raise UnknownTask(f"unknown task {task_id!r}")
+        # UnknownTask, DamagedTask and a refusal by ``check`` come before any
+        # lock file is made: a task that cannot run here leaves no trace.
+        with self._read() as conn:
+            found = self._load(conn, task_id)
+        if check is not None:
+            check(found)
         lock = self._lock(task_id)
         try:
-            claimed = self._claim(task_id, run_id, queue=None, start_first=start_first)
+            claimed = self._claim(
+                task_id, run_id, queue=None, start_first=start_first,
+                max_recoveries=max_recoveries,
+            )  # fmt: skip
         except BaseException:
             lock.release()
             raise
@@ -318,30 +332,47 @@ class SQLiteStore:
         return claimed
 
     def claim_next(
-        self, queue: str, run_id: str, *, skip: Sequence[str] = ()
+        self,
+        queue: str,
+        run_id: str,
+        *,
+        skip: Sequence[str] = (),
+        check: Callable[[Task], None] | None = None,
+        max_recoveries: int | None = None,
     ) -> tuple[Run, Task] | None:
         # One host: the kernel lock is the claim, so a worker tries the oldest
-        # unfinished tasks until it gets one that no live process holds.
-        with self._read() as conn:
-            candidates = [r[0] for r in conn.execute(Q["claim_candidates"], {"queue": queue})]
-        for task_id in candidates:
-            if task_id in skip:
-                continue
-            try:
-                lock = self._lock(task_id)
-            except TaskBusy:
-                continue
-            try:
-                claimed = self._claim(task_id, run_id, queue=queue)
-            except BaseException:
-                lock.release()
-                raise
-            if claimed is None:  # finished by another worker since the candidates were read
-                lock.release()
-                continue
-            self._locks[run_id] = lock
-            return claimed
-        return None
+        # unfinished tasks, a page at a time, until it gets one that no live
+        # process holds: any number of slots finds work.
+        after: tuple[float, str] = (float("-inf"), "")
+        while True:
+            with self._read() as conn:
+                page = conn.execute(
+                    Q["claim_candidates"],
+                    {"queue": queue, "after_ts": after[0], "after_id": after[1],
+                     "page": CLAIM_PAGE},
+                ).fetchall()  # fmt: skip
+            for task_id, created_at in page:
+                after = (created_at, task_id)
+                if task_id in skip:
+                    continue
+                try:
+                    lock = self._lock(task_id)
+                except TaskBusy:
+                    continue
+                try:
+                    claimed = self._claim(
+                        task_id, run_id, queue=queue, check=check, max_recoveries=max_recoveries
+                    )
+                except BaseException:
+                    lock.release()
+                    raise
+                if claimed is None:  # finished by another worker since the page was read
+                    lock.release()
+                    continue
+                self._locks[run_id] = lock
+                return claimed
+            if len(page) < CLAIM_PAGE:
+                return None
 
     def _lock(self, task_id: str) -> TaskLock:
         lock = TaskLock(self.path, task_id)
@@ -352,26 +383,46 @@ class SQLiteStore:
         return lock
 
     def _claim(
-        self, task_id: str, run_id: str, *, queue: str | None, start_first: bool = False
+        self,
+        task_id: str,
+        run_id: str,
+        *,
+        queue: str | None,
+        start_first: bool = False,
+        check: Callable[[Task], None] | None = None,
+        max_recoveries: int | None = None,
     ) -> tuple[Run, Task] | None:
         """Under the task's lock: a new epoch, recovery and ``run_started`` in one
-        transaction. With ``queue``: None if the task can no longer be claimed."""
+        transaction. With ``queue``: None if the task can no longer be claimed.
+        ``check`` sees the task first; if it raises, nothing is written."""
         now = time.time()
         with self._write() as conn:
-            if queue is not None:
-                found = self._load(conn, task_id)
-                if found.status not in (TaskStatus.PENDING, TaskStatus.RUNNING):
+            if queue is not None or check is not None:
+                found = self._load(conn, task_id)  # DamagedTask here writes nothing
+                if queue is not None and found.status not in (
+                    TaskStatus.PENDING, TaskStatus.RUNNING
+                ):  # fmt: skip
                     return None
+                if check is not None:
+                    check(found)
             epoch = conn.execute(Q["claim"], {"id": task_id, "now": now}).fetchone()[0]
             recovered = [r[0] for r in conn.execute(Q["running_steps"], {"id": task_id})]
             if recovered:
                 conn.execute(Q["recover_steps"], {"id": task_id})
+            worn_out: tuple[int, int] | None = None
             for idx in recovered:
+                if max_recoveries is not None and worn_out is None:
+                    times = conn.execute(Q["recoveries"], {"id": task_id, "idx": idx})
+                    count = int(times.fetchone()[0]) + 1
+                    if count > max_recoveries:
+                        worn_out = (idx, count)
                 self._event(conn, task_id, run_id, EventKind.STEP_RECOVERED, idx, None, now)
             self._event(
                 conn, task_id, run_id, EventKind.RUN_STARTED, None,
                 {"recovered": recovered}, now,
             )  # fmt: skip
+            if worn_out is not None:
+                self._fail_worn_out(conn, task_id, run_id, worn_out, max_recoveries, now)
             started = self._start_first(conn, task_id, run_id, now) if start_first else None
             crashpoints.crash("recovery_before_commit")
             task = self._load(conn, task_id)
@@ -380,6 +431,21 @@ class SQLiteStore:
             started=started,
         )  # fmt: skip
         return run, task
+
+    def _fail_worn_out(
+        self,
+        conn: sqlite3.Connection,
+        task_id: str,
+        run_id: str,
+        worn_out: tuple[int, int],
+        limit: int | None,
+        now: float,
+    ) -> None:
+        idx, count = worn_out
+        conn.execute(Q["step_failed"], {"id": task_id, "idx": idx})
+        conn.execute(Q["fail_task"], {"id": task_id, "now": now})
+        data = {"reason": recovery_limit_reason(idx, count, limit)}
+        self._event(conn, task_id, run_id, EventKind.TASK_FAILED, idx, data, now)
 
     def _start_first(
         self, conn: sqlite3.Connection, task_id: str, run_id: str, now: float
@@ -419,9 +485,10 @@ class SQLiteStore:
         except (StoreError, sqlite3.Error):
             pass  # the kernel lock dies with this process anyway
 
-    def unfinished(self, queue: str) -> int:
+    def unfinished(self, queue: str, *, skip: Sequence[str] = ()) -> int:
         with self._read() as conn:
-            return int(conn.execute(Q["unfinished"], {"queue": queue}).fetchone()[0])
+            params = {"queue": queue, "skip": dumps(list(skip))}
+            return int(conn.execute(Q["unfinished"], params).fetchone()[0])
 
     def start_step(self, run: Run, idx: int, tool: str) -> int:
         now = time.time()

@@ -1,4 +1,5 @@
-"""I/O faults: fail each fsync, fdatasync and write of a real ``run`` in turn.
+"""I/O faults: fail each fsync, fdatasync and write of a real ``run`` (or
+``worker --drain``) in turn.
 
 The CLI runs under ``strace -e inject=SYSCALL:error=ERRNO:when=N``: the N-th
 call of that syscall is not made and returns the error instead. The calls are
@@ -49,6 +50,11 @@ SYSCALLS = ("fsync", "fdatasync", "write", "pwrite64")
 ERRORS = ("EIO", "ENOSPC")
 TASK_ID = "t"
 CLEAN_EXITS = (0, 5, 6)
+#: The commands a sweep can fault: each runs the lab's task ``t`` to the end.
+COMMANDS: dict[str, tuple[str, ...]] = {
+    "run": ("run", TASK_ID),
+    "worker": ("worker", "--drain", "--poll", "0.05"),
+}
 _CALL = re.compile(r"^(?:\d+\s+)?(\w+)\((\d+)?")
 _OPENED = re.compile(r'openat\([^"]*"([^"]+)".*\)\s+=\s+(\d+)')
 _DONE_LINE = re.compile(rf"^{TASK_ID}: step (\d+) \S+ done ")
@@ -129,10 +135,11 @@ class FaultReport:
 
 
 def prepare_template(folder: Path) -> Lab:
-    """A lab with the guide's input and plan and the task ``t`` created."""
+    """A lab with the guide's input and plan and the task ``t`` created, in the
+    default queue (so that ``run`` and ``worker`` alike can run it)."""
     lab = Lab(folder)
     plan = lab.guide_setup()
-    created = lab.cli("create", TASK_ID, plan.name)
+    created = lab.cli("create", TASK_ID, plan.name, "--enqueue")
     if created.returncode != 0:
         raise RuntimeError(f"create failed: {created.stderr.strip()}")
     return lab
@@ -144,23 +151,26 @@ def _traced(
     syscalls: Iterable[str],
     inject: str | None,
     runner: Sequence[str] | None = None,
+    command: str = "run",
 ) -> Result:
     # openat names the fds; pwrite64 shows whether a transaction followed a fault.
     names = ",".join(sorted({*syscalls, "openat", "pwrite64"}))
-    command = [strace_path(), "-f", "-qq", "-o", str(log), "-e", f"trace={names}"]
+    argv = [strace_path(), "-f", "-qq", "-o", str(log), "-e", f"trace={names}"]
     if inject is not None:
-        command += ["-e", f"inject={inject}"]
-    traced = Lab(lab.root, db=lab.db, command=[*command, *(runner or cli_command())])
-    return traced.cli("run", TASK_ID)
+        argv += ["-e", f"inject={inject}"]
+    traced = Lab(lab.root, db=lab.db, command=[*argv, *(runner or cli_command())])
+    return traced.cli(*COMMANDS[command])
 
 
-def count_calls(lab: Lab, syscalls: Sequence[str] = SYSCALLS) -> dict[str, int]:
-    """How often an unfaulted ``run`` of the lab's task makes each syscall.
+def count_calls(
+    lab: Lab, syscalls: Sequence[str] = SYSCALLS, command: str = "run"
+) -> dict[str, int]:
+    """How often an unfaulted ``run`` (or ``command``) of the lab's task makes each syscall.
 
     The lab's folder is used up (the task runs to the end).
     """
     log = lab.root / "count.strace"
-    result = _traced(lab, log, syscalls, None)
+    result = _traced(lab, log, syscalls, None, command=command)
     if result.returncode != 0:
         raise RuntimeError(f"unfaulted run failed: {result.stderr.strip()}")
     counts = Counter(
@@ -188,16 +198,19 @@ def _fault_target(log_lines: list[str], case: FaultCase) -> tuple[int | None, st
     return None, ""
 
 
-def check_case(folder: Path, case: FaultCase, runner: Sequence[str] | None = None) -> FaultOutcome:
+def check_case(
+    folder: Path, case: FaultCase, runner: Sequence[str] | None = None, command: str = "run"
+) -> FaultOutcome:
     """Run the lab's task in ``folder`` with ``case`` injected, then resume and check.
 
     ``runner`` replaces the ``ninelives`` command for the faulted run (negative
-    controls run a deliberately broken runner); the resume is always the real one.
+    controls run a deliberately broken runner); ``command`` is ``run`` or
+    ``worker`` (``worker --drain``); the resume is always a real ``run``.
     """
     lab = Lab(folder)
     log = folder / "fault.strace"
     inject = f"{case.syscall}:error={case.error}:when={case.when}"
-    faulted = _traced(lab, log, [case.syscall], inject, runner)
+    faulted = _traced(lab, log, [case.syscall], inject, runner, command)
     lines = log.read_text().splitlines()
     at, target = _fault_target(lines, case)
     problems: list[str] = []
@@ -296,10 +309,13 @@ def sweep(
     base: str | None = None,
     select: Callable[[FaultCase], bool] | None = None,
     runner: Sequence[str] | None = None,
+    command: str = "run",
 ) -> FaultReport:
-    """Fail every call of ``syscalls`` made by one ``run``, in turn, with each error.
+    """Fail every call of ``syscalls`` made by one ``run`` (or ``worker --drain``
+    with ``command="worker"``), in turn, with each error.
 
-    ``select`` keeps only some cases; ``runner`` is passed to :func:`check_case`.
+    ``select`` keeps only some cases; ``runner`` and ``command`` are passed to
+    :func:`check_case`.
     """
     start = time.monotonic()
     # The injected errors do not depend on the medium: a RAM-backed folder,
@@ -310,7 +326,7 @@ def sweep(
         template = prepare_template(root / "template")
         counter = root / "count"
         shutil.copytree(template.root, counter)
-        counts = count_calls(Lab(counter), syscalls)
+        counts = count_calls(Lab(counter), syscalls, command)
         cases = [
             FaultCase(syscall=s, error=e, when=n)
             for s in syscalls
@@ -322,7 +338,7 @@ def sweep(
         def one(item: tuple[int, FaultCase]) -> FaultOutcome:
             folder = root / f"case{item[0]}"
             shutil.copytree(template.root, folder)
-            outcome = check_case(folder, item[1], runner)
+            outcome = check_case(folder, item[1], runner, command)
             if not outcome.problems:
                 shutil.rmtree(folder, ignore_errors=True)
             return outcome

@@ -57,9 +57,16 @@ def make_fetch(settings: Settings) -> Tool:
             raise ToolError(f"{step_input['path']} leads outside the workspace")
         try:
             with open(target, "rb") as fh:
-                data = fh.read()
+                # Bounded: a huge file must be a clear step_error, not a process
+                # that runs out of memory on every attempt.
+                data = fh.read(settings.max_output + 1)
         except OSError as exc:
             raise ToolError(f"cannot read {step_input['path']}: {exc.strerror}") from None
+        if len(data) > settings.max_output:
+            raise ToolError(
+                f"{step_input['path']} is larger than the maximum output size of "
+                f"{settings.max_output} bytes (NINELIVES_MAX_OUTPUT)"
+            )
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:

@@ -127,7 +127,16 @@ SET lease_epoch = lease_epoch + 1, lease_owner = NULL, lease_expires_at = NULL,
 WHERE id = %(id)s AND lease_epoch = %(epoch)s;
 
 -- name: unfinished
-SELECT count(*) FROM tasks WHERE queue = %(queue)s AND status IN ('pending', 'running');
+SELECT count(*) FROM tasks WHERE queue = %(queue)s AND status IN ('pending', 'running')
+  AND id <> ALL(%(skip)s::text[]);
+
+-- name: recoveries
+-- How often a step was recovered before: read only when recovering it again.
+SELECT count(*) FROM events
+WHERE task_id = %(id)s AND step_idx = %(idx)s AND kind = 'step_recovered';
+
+-- name: fail_task
+UPDATE tasks SET status = 'failed', updated_at = ninelives_now() WHERE id = %(id)s;
 
 -- name: first_pending
 SELECT s.idx, s.tool FROM steps s JOIN tasks t ON t.id = s.task_id

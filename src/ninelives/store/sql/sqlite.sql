@@ -50,12 +50,14 @@ UPDATE tasks SET status = :status, updated_at = :now WHERE id = :id AND lease_ep
 UPDATE tasks SET status = :status, updated_at = :now WHERE id = :id;
 
 -- name: claim_candidates
--- Workers on one host: the oldest unfinished tasks of the queue; the per-task
--- kernel lock then decides which of them this worker gets.
-SELECT id FROM tasks
+-- Workers on one host: the oldest unfinished tasks of the queue after
+-- (:after_ts, :after_id), a page at a time; the per-task kernel lock then
+-- decides which of them this worker gets.
+SELECT id, created_at FROM tasks
 WHERE queue = :queue AND status IN ('pending', 'running')
+  AND (created_at, id) > (:after_ts, :after_id)
 ORDER BY created_at, id
-LIMIT 64;
+LIMIT :page;
 
 -- name: abandon
 -- Give a task up without waiting for its runner: the new epoch fences that
@@ -64,7 +66,17 @@ UPDATE tasks SET lease_epoch = lease_epoch + 1, updated_at = :now
 WHERE id = :id AND lease_epoch = :epoch;
 
 -- name: unfinished
-SELECT count(*) FROM tasks WHERE queue = :queue AND status IN ('pending', 'running');
+-- :skip is a JSON array of ids left out of the count.
+SELECT count(*) FROM tasks WHERE queue = :queue AND status IN ('pending', 'running')
+  AND id NOT IN (SELECT value FROM json_each(:skip));
+
+-- name: recoveries
+-- How often a step was recovered before: read only when recovering it again.
+SELECT count(*) FROM events
+WHERE task_id = :id AND step_idx = :idx AND kind = 'step_recovered';
+
+-- name: fail_task
+UPDATE tasks SET status = 'failed', updated_at = :now WHERE id = :id;
 
 -- name: first_pending
 SELECT s.idx, s.tool FROM steps s JOIN tasks t ON t.id = s.task_id
