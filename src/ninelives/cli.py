@@ -134,11 +134,38 @@ def json_line(value: Any) -> str:
     return re.sub(_UNSAFE, _json_escape, json.dumps(value, ensure_ascii=False))
 
 
+def _no_secrets(text: str) -> str:
+    return text
+
+
+#: Removes database passwords from every line this process prints (see :func:`_redactor`).
+_scrub: Callable[[str], str] = _no_secrets
+
+
+def _redactor(argv: Sequence[str]) -> Callable[[str], str]:
+    """A scrubber for the passwords of every PostgreSQL URL this command was given.
+
+    The store already keeps them out of its messages; this is the last line
+    before the terminal, for anything that echoes its input (a URL given
+    where a task id was expected, say).
+    """
+    urls = []
+    for text in (*argv, os.environ.get("NINELIVES_DB", "")):
+        at = max(text.find("postgresql://"), text.find("postgres://"))
+        if at >= 0:
+            urls.append(text[at:])
+    if not urls:
+        return _no_secrets
+    from .store.conninfo import Redactor
+
+    return Redactor(urls)
+
+
 def _stderr(line: str) -> None:
     # Progress lines are best effort: a stderr that fails (EIO, a full disk
     # under a log file) must not stop a runner whose state is committed.
     try:
-        print(printable(line), file=sys.stderr, flush=True)
+        print(printable(_scrub(line)), file=sys.stderr, flush=True)
     except (OSError, ValueError, AttributeError):
         pass
 
@@ -278,7 +305,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     finally:
         store.close()
     for violation in report.violations:
-        _out(printable(str(violation)))
+        _out(printable(_scrub(str(violation))))
     integrity = ", integrity checked" if report.integrity_checked else ""
     summary = f"verified {report.tasks} task(s), {report.events} event(s){integrity}"
     if report.ok:
@@ -476,10 +503,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     cannot be written (ENOSPC, EIO, a closed stdout) is one line on stderr and
     exit 10, after whatever the command did (a ``create`` says its task was stored).
     """
+    global _scrub
     _guard_std_fds()
+    argv = sys.argv[1:] if argv is None else argv
+    _scrub = _redactor(argv)
     try:
         try:
-            argv = sys.argv[1:] if argv is None else argv
             args = build_parser(argv).parse_args(argv)
             code = int(args.handler(args))
         except SystemExit:  # --help, --version: argparse printed and exits
@@ -497,7 +526,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _reader_gone(exit_code(exc))
         if isinstance(exc, OutputFailed):
             _drop_stdout()
-        _error(f"ninelives: error: {printable(str(exc))}")
+        _error(f"ninelives: error: {printable(_scrub(str(exc)))}")
         return exit_code(exc)
     except KeyboardInterrupt:
         _error("ninelives: interrupted")

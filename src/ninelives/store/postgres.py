@@ -33,7 +33,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -52,6 +51,7 @@ from ..journal import dumps
 from ..models import Event, EventKind, Run, Step, Task, TaskStatus
 from ..plan import Plan
 from . import DEFAULT_LEASE, fencing_disabled, sql
+from .conninfo import Redactor, redact_url
 
 Q = sql.load_queries("postgres")
 CONNECT_TIMEOUT = 10
@@ -62,20 +62,14 @@ Conn = psycopg.Connection[Any]
 
 
 def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for messages)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "postgresql://(unparsable URL)"
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    """``url`` with its password, in whatever form it is given, replaced by ``***``."""
+    return redact_url(url)
 
 
-def _say(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
+def _say(exc: BaseException, scrub: Callable[[str], str] = str) -> str:
+    """One line of a driver error, passed through ``scrub``: psycopg echoes a
+    connection string it cannot parse, password and all."""
+    return scrub(" ".join(str(exc).split()) or type(exc).__name__)
 
 
 def _scalar(conn: Conn, query: str, params: dict[str, Any]) -> Any:
@@ -157,7 +151,8 @@ class PostgresStore:
         self.url = url
         self.lease = float(lease)
         self.heartbeat = float(heartbeat) if heartbeat is not None else self.lease / 3
-        self._shown = redact(url)
+        self._scrub = Redactor([url])
+        self._shown = self._scrub(url)
         self._fencing = not fencing_disabled(url)
         if not self._fencing:
             print(
@@ -180,6 +175,10 @@ class PostgresStore:
 
     # -- connections --------------------------------------------------------
 
+    def _why(self, exc: BaseException) -> str:
+        """A driver error as one line, without the password in any form."""
+        return _say(exc, self._scrub)
+
     def _connect(self) -> Conn:
         lease_ms = int(self.lease * 1000)
         try:
@@ -197,14 +196,14 @@ class PostgresStore:
                 keepalives_count=3,
             )
         except psycopg.Error as exc:
-            raise StoreError(f"cannot connect to {self._shown}: {_say(exc)}") from exc
+            raise StoreError(f"cannot connect to {self._shown}: {self._why(exc)}") from exc
         try:
             # A runner stopped inside a transaction must not keep the task's row
             # locked forever: the server ends such a session.
             conn.execute(f"SET idle_in_transaction_session_timeout = {max(lease_ms, 5000)}")
         except psycopg.Error as exc:
             conn.close()
-            raise StoreError(f"cannot use {self._shown}: {_say(exc)}") from exc
+            raise StoreError(f"cannot use {self._shown}: {self._why(exc)}") from exc
         return conn
 
     def _connection(self) -> Conn:
@@ -291,10 +290,10 @@ class PostgresStore:
             return TaskBusy("the task is being committed by another live runner; try again")
         if committing:
             return CommitUnknown(
-                f"commit to {self._shown} failed ({_say(exc)}); its outcome is unknown, "
+                f"commit to {self._shown} failed ({self._why(exc)}); its outcome is unknown, "
                 "stopping now: the next run recovers"
             )
-        return StoreError(f"database {self._shown}: {_say(exc)}")
+        return StoreError(f"database {self._shown}: {self._why(exc)}")
 
     @contextmanager
     def _read(self) -> Iterator[Conn]:
@@ -307,7 +306,7 @@ class PostgresStore:
         except BaseException as exc:
             self._rollback(conn)
             if isinstance(exc, psycopg.Error):
-                raise StoreError(f"cannot read {self._shown}: {_say(exc)}") from exc
+                raise StoreError(f"cannot read {self._shown}: {self._why(exc)}") from exc
             raise
 
     def _configure(self) -> None:
@@ -318,7 +317,7 @@ class PostgresStore:
             exists = conn.execute(Q["schema_exists"]).fetchone()
             version = conn.execute(Q["schema_version"]).fetchone() if exists and exists[0] else None
         except psycopg.Error as exc:
-            raise StoreError(f"cannot use {self._shown}: {_say(exc)}") from exc
+            raise StoreError(f"cannot use {self._shown}: {self._why(exc)}") from exc
         current = int(version[0]) if version else 0
         if current > latest:
             raise StoreError(
@@ -540,7 +539,7 @@ class PostgresStore:
             cur = self._connection().execute(Q["renew"], self._lease_params(run))
         except psycopg.Error as exc:
             self._drop()
-            raise StoreError(f"cannot renew the lease on {self._shown}: {_say(exc)}") from exc
+            raise StoreError(f"cannot renew the lease on {self._shown}: {self._why(exc)}") from exc
         self._renewed(lease, sent, ok=cur.rowcount == 1)
         if lease.lost:
             raise self._lost(run)
