@@ -7,8 +7,11 @@ Same tables and journal semantics as SQLite; what differs is the claim:
   database's clock, taken in the same transaction that increments
   ``lease_epoch``, recovers ``running`` steps and journals ``run_started``.
   ``run`` takes a task only if its lease is free, expired, or held by a
-  runner whose database session is gone (see ``holder_lock`` in
-  ``sql/postgres.sql``), else :class:`~ninelives.errors.TaskBusy`; workers
+  runner provably gone: its sessions' shared advisory locks are free although
+  it claimed the task since the server last started (``holder_lock`` and
+  ``holder_gone`` in ``sql/postgres.sql``; a restart frees the locks of live
+  holders too). Holders take their locks again on every new connection, the
+  heartbeat's included. Otherwise :class:`~ninelives.errors.TaskBusy`; workers
   take the oldest free or expired one with ``FOR UPDATE SKIP LOCKED``.
 * Every commit a runner makes starts with the fence (``UPDATE tasks ... WHERE
   lease_epoch = :epoch``), which also renews the lease; a heartbeat thread on
@@ -117,23 +120,38 @@ class _Heartbeat:
     def _loop(self) -> None:
         store = self._store
         conn: Conn | None = None
+        # Holder locks this connection holds. The heartbeat holds them too, so
+        # a holder whose main session died (terminated, a cut connection) while
+        # its process lives and renews still shows as live to ``run``.
+        locked: set[tuple[str, int]] = set()
         while not self._stop.wait(store.heartbeat):
             with store._mutex:
                 leases = [lease for lease in self._leases.values() if not lease.lost]
-            for lease in leases:
-                sent = time.monotonic()
-                try:
-                    if conn is None or conn.closed or conn.broken:
-                        conn = store._connect()
+            try:
+                if conn is None or conn.closed or conn.broken:
+                    locked = set()
+                    conn = store._connect()
+                self._unlock_ended(conn, locked, {(le.run.task_id, le.run.epoch) for le in leases})
+                for lease in leases:
+                    sent = time.monotonic()
                     cur = conn.execute(Q["renew"], store._lease_params(lease.run))
-                except (psycopg.Error, StoreError):
-                    if conn is not None:
-                        conn.close()
-                    conn = None
-                    break  # try again next beat; the lease may expire meanwhile
-                store._renewed(lease, sent, ok=cur.rowcount == 1)
+                    store._renewed(lease, sent, ok=cur.rowcount == 1)
+                    key = (lease.run.task_id, lease.run.epoch)
+                    if cur.rowcount == 1 and key not in locked:
+                        if _scalar(conn, Q["holder_lock"], {"id": key[0], "epoch": key[1]}):
+                            locked.add(key)
+            except (psycopg.Error, StoreError):
+                if conn is not None:
+                    conn.close()
+                conn = None  # try again next beat; the lease may expire meanwhile
         if conn is not None:
             conn.close()
+
+    @staticmethod
+    def _unlock_ended(conn: Conn, locked: set[tuple[str, int]], held: set[tuple[str, int]]) -> None:
+        for task_id, epoch in sorted(locked - held):
+            conn.execute(Q["holder_unlock"], {"id": task_id, "epoch": epoch})
+            locked.discard((task_id, epoch))
 
 
 class PostgresStore:
@@ -211,7 +229,19 @@ class PostgresStore:
         if conn is None or conn.closed or conn.broken:
             self._drop()
             conn = self._conn = self._connect()
+            self._relock(conn)
         return conn
+
+    def _relock(self, conn: Conn) -> None:
+        """Take again, on a new session, the holder locks of the leases still held:
+        the old session's died with it, and a free lock reads as a dead holder."""
+        try:
+            for lease in list(self._leases.values()):
+                if not lease.lost:
+                    conn.execute(Q["holder_lock"], self._lease_params(lease.run))
+        except psycopg.Error as exc:
+            self._drop()
+            raise StoreError(f"cannot use {self._shown}: {self._why(exc)}") from exc
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
@@ -454,13 +484,7 @@ class PostgresStore:
                     raise UnknownTask(f"unknown task {task_id!r}")
                 held, live = row
                 if live:
-                    # The holder's session lock is free only if its session is gone.
-                    if not _scalar(conn, Q["holder_lock"], {"id": task_id, "epoch": held}):
-                        raise TaskBusy(
-                            f"task {task_id!r} is being run by another live process "
-                            "(its lease is held)"
-                        )
-                    conn.execute(Q["holder_unlock"], {"id": task_id, "epoch": held})
+                    self._take_over_early(conn, task_id, held)
                 owner = f"{self._owner}/{run_id}"
                 params = {"id": task_id, "owner": owner, "lease": self.lease}
                 epoch = int(_scalar(conn, Q["claim"], params))
@@ -472,6 +496,26 @@ class PostgresStore:
             raise
         self._hold(run, sent)
         return run, task
+
+    def _take_over_early(self, conn: Conn, task_id: str, held: int) -> None:
+        """Return only if the holder of a live lease is provably gone, else TaskBusy.
+
+        The lease is the truth; its holder's session advisory lock only lets
+        ``run`` take over before expiry when that lock is free *and* was taken
+        in the server's current life (a restart frees the locks of live holders).
+        """
+        holder = {"id": task_id, "epoch": held}
+        if not _scalar(conn, Q["holder_probe"], holder):
+            raise TaskBusy(
+                f"task {task_id!r} is being run by another live process (its lease is held)"
+            )
+        conn.execute(Q["holder_probe_end"], holder)
+        if not _scalar(conn, Q["holder_gone"], {"id": task_id}):
+            raise TaskBusy(
+                f"task {task_id!r} is held by a lease taken before the database server "
+                "restarted, so its holder may still be running: the lease is honoured until "
+                "it expires or is released"
+            )
 
     def claim_next(
         self, queue: str, run_id: str, *, skip: Sequence[str] = ()
