@@ -560,6 +560,7 @@ def _guard_std_fds() -> None:
     descriptor, and output meant for the terminal would land in it.
     """
     global _STDOUT_CLOSED
+    _STDOUT_CLOSED = False
     for fd in (1, 2):
         try:
             os.fstat(fd)
