@@ -289,6 +289,32 @@ class PgCluster(PgServer):
             return "(no server log)"
         return " | ".join(text.strip().splitlines()[-lines:])
 
+    def halt(self, mode: str = "fast") -> None:
+        """Stop the server (``fast``: every session ends, as in a restart); keep its data."""
+        if self._admin is not None:
+            with contextlib.suppress(Exception):
+                self._admin.close()  # type: ignore[attr-defined]
+            self._admin = None
+        proc = self._cmd("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
+        if proc.returncode != 0:
+            raise PgUnavailable(f"pg_ctl stop failed: {proc.stderr.strip()}")
+        self.running = False
+
+    def resume(self) -> None:
+        """Start the halted server again, on the same port and data."""
+        proc = self._cmd(
+            "pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "start"
+        )
+        if proc.returncode != 0:
+            raise PgUnavailable(f"PostgreSQL did not start again: {self._log_tail()}")
+        self.running = True
+        self._conn()
+
+    def restart(self, mode: str = "fast") -> None:
+        """A server restart: every session and session advisory lock ends; data stays."""
+        self.halt(mode)
+        self.resume()
+
     def stop(self) -> None:
         """Stop the server at once and remove its folder; idempotent."""
         self._made.clear()  # no need to drop them one by one

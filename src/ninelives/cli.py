@@ -19,6 +19,7 @@ from .errors import (
     CommitUnknown,
     InputError,
     NineLivesError,
+    OutputFailed,
     StoreError,
     TaskBusy,
     TaskFailed,
@@ -37,6 +38,7 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (StoreError, 5),
     (VerificationFailed, 7),
     (TasksLeft, 9),
+    (OutputFailed, 10),
     (NineLivesError, 5),
 )
 EXIT_INTERRUPTED = 130
@@ -48,6 +50,7 @@ EPILOG = """exit codes:
      recovery limit)                   6  an I/O error left a write's outcome unknown; run again
   3  another process runs this task    7  verify or torture found violations (listed on stdout)
                                        9  worker --drain left tasks it could not run (named)
+                                      10  output could not be written (full disk, closed stdout)
                                      130  interrupted
 """
 
@@ -57,6 +60,15 @@ class _Parser(argparse.ArgumentParser):
         # One line, and the bad-input code instead of argparse's 2 (which the
         # contract gives to "task failed").
         raise InputError(f"{message} (see '{self.prog} --help')")
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        # argparse ignores a failed write of --help or --version; report it as
+        # every other output failure is reported.
+        if message and (file is None or file is sys.stdout):
+            _out(message.removesuffix("\n"))
+            _flush()
+        else:
+            super()._print_message(message, file)
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -88,13 +100,120 @@ def _runtime(args: argparse.Namespace, *, create: bool = True, readonly: bool = 
     return open_runtime(args.db, create=create, readonly=readonly, log=log)
 
 
+# Characters that a terminal acts on instead of showing: C0 and C1 controls
+# (ESC, CSI, OSC, "\r", "\n"), DEL, and the bidirectional and line-separator
+# formats that reorder what is shown. Stored text (a plan's goal, a tool's
+# output or error, a file name) is data: in a human view it is escaped.
+_UNSAFE = "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]"
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape_char(match: Any) -> str:
+    char = str(match.group())
+    return _NAMED.get(char) or (
+        f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
+    )
+
+
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on escaped (``\\x1b``, ``\\n``)."""
+    import re
+
+    return re.sub(_UNSAFE, _escape_char, text)
+
+
+def _json_escape(match: Any) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
+def json_line(value: Any) -> str:
+    """``value`` as one line of JSON in which no character can act on a terminal.
+
+    ``json.dumps`` already escapes C0 controls; C1 controls, DEL and the
+    bidirectional formats are escaped as ``\\uXXXX`` too: the same JSON value.
+    Non-finite numbers of rows written before they were refused print as ``null``.
+    """
+    import re
+
+    from .journal import printable_json
+
+    return re.sub(_UNSAFE, _json_escape, printable_json(value))
+
+
+def _no_secrets(text: str) -> str:
+    return text
+
+
+#: Removes database passwords from every line this process prints (see :func:`_redactor`).
+_scrub: Callable[[str], str] = _no_secrets
+
+
+def _redactor(argv: Sequence[str]) -> Callable[[str], str]:
+    """A scrubber for the passwords of every PostgreSQL URL this command was given.
+
+    The store already keeps them out of its messages; this is the last line
+    before the terminal, for anything that echoes its input (a URL given
+    where a task id was expected, say).
+    """
+    urls = []
+    for text in (*argv, os.environ.get("NINELIVES_DB", "")):
+        at = max(text.find("postgresql://"), text.find("postgres://"))
+        if at >= 0:
+            urls.append(text[at:])
+    if not urls:
+        return _no_secrets
+    from .store.conninfo import Redactor
+
+    return Redactor(urls)
+
+
 def _stderr(line: str) -> None:
     # Progress lines are best effort: a stderr that fails (EIO, a full disk
     # under a log file) must not stop a runner whose state is committed.
     try:
-        print(line, file=sys.stderr, flush=True)
-    except OSError:
+        print(printable(_scrub(line)), file=sys.stderr, flush=True)
+    except (OSError, ValueError, AttributeError):
         pass
+
+
+def _on_terminal() -> bool:
+    stream = sys.stdout
+    try:
+        return stream is not None and not _STDOUT_CLOSED and stream.isatty()
+    except (OSError, ValueError):
+        return False
+
+
+def _out(line: str) -> None:
+    """One line on stdout. A reader that went away (EPIPE) raises BrokenPipeError;
+    any other failure (ENOSPC, EIO, a closed stdout) raises :class:`OutputFailed`."""
+    stream = sys.stdout
+    if stream is None or _STDOUT_CLOSED:
+        raise OutputFailed("cannot write to stdout: it is closed")
+    try:
+        stream.write(line + "\n")
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise OutputFailed(f"cannot write to stdout: {exc.strerror or exc}") from None
+
+
+def _flush() -> None:
+    """Push buffered output out now, while a failure can still be reported."""
+    stream = sys.stdout
+    if stream is None:
+        return
+    try:
+        stream.flush()
+    except BrokenPipeError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise OutputFailed(
+            f"cannot write to stdout: {getattr(exc, 'strerror', None) or exc}"
+        ) from None
+
+
+_STDOUT_CLOSED = False
 
 
 def cmd_create(args: argparse.Namespace) -> int:
@@ -112,7 +231,12 @@ def cmd_create(args: argparse.Namespace) -> int:
     with open_runtime(args.db, settings=settings, tools=tools) as rt:
         task = rt.create(args.task_id, plan, queue=queue)
     where = f" in queue {queue!r}" if queue else ""
-    print(f"created task {task.id!r} with {len(task.steps)} steps{where}")
+    try:
+        _out(f"created task {task.id!r} with {len(task.steps)} steps{where}")
+        _flush()
+    except OutputFailed as exc:
+        # The task is stored: saying only "error" would invite a second create.
+        raise OutputFailed(f"task {task.id!r} was stored, but {exc}") from None
     return 0
 
 
@@ -145,31 +269,27 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from .journal import printable_json
-
     with _runtime(args, readonly=True) as rt:
         task = rt.status(args.task_id)
-    if args.json or args.outputs or not sys.stdout.isatty():
+    if args.json or args.outputs or not _on_terminal():
         view = task.as_status()
         if args.outputs:
             for row, step in zip(view["steps"], task.steps, strict=True):
                 row["output"] = step.output
-        print(printable_json(view))
+        _out(json_line(view))
         return 0
-    print(f"task {task.id}: {task.status.value}  ({task.goal})")
+    _out(printable(f"task {task.id}: {task.status.value}  ({task.goal})"))
     for step in task.steps:
-        print(f"  {step.idx:>3}  {step.tool:<16} {step.status.value:<8} attempts={step.attempts}")
+        tool = printable(step.tool)
+        _out(f"  {step.idx:>3}  {tool:<16} {step.status.value:<8} attempts={step.attempts}")
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .journal import printable_json
-
     with _runtime(args, readonly=True) as rt:
         events = rt.export(args.task_id)
-    out = sys.stdout
     for event in events:
-        out.write(printable_json(event.as_export()) + "\n")
+        _out(json_line(event.as_export()))
     return 0
 
 
@@ -194,13 +314,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     finally:
         store.close()
     for violation in report.violations:
-        print(violation)
+        _out(printable(_scrub(str(violation))))
     integrity = ", integrity checked" if report.integrity_checked else ""
     summary = f"verified {report.tasks} task(s), {report.events} event(s){integrity}"
     if report.ok:
-        print(f"{summary}: no violations")
+        _out(f"{summary}: no violations")
         return 0
-    print(f"{summary}: {len(report.violations)} violation(s)")
+    _out(f"{summary}: {len(report.violations)} violation(s)")
+    _flush()  # the list is the finding: a failure to print it is not "violations"
     raise VerificationFailed(f"{len(report.violations)} violation(s) found")
 
 
@@ -217,8 +338,9 @@ def cmd_torture(args: argparse.Namespace) -> int:
         log=None if args.quiet else _stderr,
     )
     for line in report.summary_lines():
-        print(line)
+        _out(printable(line))
     if not report.ok:
+        _flush()
         raise VerificationFailed(
             f"{report.duplicates} duplicate(s), {report.lost_commits} lost commit(s), "
             f"{len(report.violations)} violation(s); replay with --seed {report.seed}"
@@ -386,18 +508,85 @@ def exit_code(exc: BaseException) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; print errors as one line on stderr; return the exit code."""
+    """Run one command; print errors as one line on stderr; return the exit code.
+
+    Output follows the usual Unix rules: a reader that goes away (EPIPE, as
+    with ``| head``) ends the command quietly with its own code; output that
+    cannot be written (ENOSPC, EIO, a closed stdout) is one line on stderr and
+    exit 10, after whatever the command did (a ``create`` says its task was stored).
+    """
+    global _scrub
+    _guard_std_fds()
+    argv = sys.argv[1:] if argv is None else argv
+    _scrub = _redactor(argv)
     try:
-        argv = sys.argv[1:] if argv is None else argv
-        args = build_parser(argv).parse_args(argv)
-        return int(args.handler(args))
+        try:
+            args = build_parser(argv).parse_args(argv)
+            code = int(args.handler(args))
+        except SystemExit:  # --help, --version: argparse printed and exits
+            _flush()
+            raise
+        _flush()
+        return code
     except NineLivesError as exc:
-        print(f"ninelives: error: {exc}", file=sys.stderr)
+        if isinstance(exc, VerificationFailed | TaskFailed):
+            try:
+                _flush()  # findings already printed must reach their reader
+            except OutputFailed as failed:
+                exc = failed
+            except BrokenPipeError:
+                return _reader_gone(exit_code(exc))
+        if isinstance(exc, OutputFailed):
+            _drop_stdout()
+        _error(f"ninelives: error: {printable(_scrub(str(exc)))}")
         return exit_code(exc)
     except KeyboardInterrupt:
-        print("ninelives: interrupted", file=sys.stderr)
+        _error("ninelives: interrupted")
         return EXIT_INTERRUPTED
     except BrokenPipeError:
-        # A reader such as `head` went away; say nothing more.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        return _reader_gone(0)
+
+
+def _reader_gone(code: int) -> int:
+    # A reader such as `head` went away: say nothing more. Output still
+    # buffered goes to /dev/null, so the interpreter's last flush cannot fail.
+    _drop_stdout()
+    return code
+
+
+def _drop_stdout() -> None:
+    _occupy(1)
+
+
+def _error(line: str) -> None:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError, AttributeError):
+        pass  # stderr itself is gone: the exit code still tells
+
+
+def _guard_std_fds() -> None:
+    """Occupy a closed stdout or stderr with /dev/null, remembering a closed stdout.
+
+    Otherwise the next file opened (a lock file, a database) would get the
+    descriptor, and output meant for the terminal would land in it.
+    """
+    global _STDOUT_CLOSED
+    _STDOUT_CLOSED = False
+    for fd in (1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            _STDOUT_CLOSED = _STDOUT_CLOSED or fd == 1
+            _occupy(fd)
+
+
+def _occupy(fd: int) -> None:
+    """Point ``fd`` at /dev/null (whether it was open or closed)."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+    except OSError:
+        pass

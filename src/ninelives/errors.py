@@ -19,7 +19,8 @@ the CLI maps each branch to one exit code in one place (``cli.EXIT_CODES``)::
     ├── ToolError                  a tool refused its input or its effect conflicts
     │   └── OutputRefused          a tool's output cannot be stored (recorded as step_error)
     ├── TasksLeft                  a drained worker left tasks it could not run
-    └── VerificationFailed         verify or torture found a broken guarantee
+    ├── VerificationFailed         verify or torture found a broken guarantee
+    └── OutputFailed               the command's own output could not be written
 
 Driver exceptions (``sqlite3.Error``, ``psycopg.Error``) never leave a store:
 they are translated at the store boundary and chained with ``from exc``.
@@ -122,3 +123,9 @@ class TasksLeft(NineLivesError):
 class VerificationFailed(NineLivesError):
     """``verify`` or ``torture`` found violations, each printed with the event
     ``seq`` numbers involved; exit code 7."""
+
+
+class OutputFailed(NineLivesError):
+    """The command's output could not be written (a full disk, ``EIO``, a closed
+    stdout); exit code 10. What the command did before printing stands: a
+    ``create`` whose confirmation failed has stored its task, and says so."""

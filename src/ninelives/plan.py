@@ -133,18 +133,75 @@ def plan_from_dict(raw: Any) -> Plan:
     return Plan(goal=goal, steps=tuple(specs))
 
 
+#: How long ``create`` waits for a writer to open a FIFO given as its plan file.
+FIFO_WRITER_WAIT = 10.0
+
+
 def load_plan(path: str | os.PathLike[str]) -> Plan:
-    """Read and parse a plan file; every problem is a one-line :class:`PlanError`."""
+    """Read and parse a plan file; every problem is a one-line :class:`PlanError`.
+
+    A regular file is read as it is. A pipe or FIFO (``/dev/stdin``, ``<(...)``,
+    ``mkfifo``) is read to its end, however slow its writer; a FIFO that no
+    process has open for writing is waited on for :data:`FIFO_WRITER_WAIT`
+    seconds, then refused, instead of blocking ``create`` forever.
+    """
+    shown = os.fspath(path)
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_PLAN_BYTES + 1)
+        data = _read_plan_file(shown)
     except FileNotFoundError:
-        raise PlanError(f"plan file not found: {os.fspath(path)}") from None
+        raise PlanError(f"plan file not found: {shown}") from None
     except IsADirectoryError:
-        raise PlanError(f"plan file is a directory: {os.fspath(path)}") from None
+        raise PlanError(f"plan file is a directory: {shown}") from None
     except OSError as exc:
-        raise PlanError(f"cannot read plan file {os.fspath(path)}: {exc.strerror}") from None
+        raise PlanError(f"cannot read plan file {shown}: {exc.strerror}") from None
     return parse_plan(data)
+
+
+def _read_plan_file(path: str) -> bytes:
+    import stat
+
+    # O_NONBLOCK: opening a FIFO must not wait for a writer (open(2) would, forever).
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(path)
+        chunks = [_first_of_fifo(fd, path)] if stat.S_ISFIFO(mode) else []
+        os.set_blocking(fd, True)
+        size = len(chunks[0]) if chunks else 0
+        while size <= MAX_PLAN_BYTES and (chunk := os.read(fd, MAX_PLAN_BYTES + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _first_of_fifo(fd: int, path: str) -> bytes:
+    """What a FIFO holds now, once some process has it open for writing.
+
+    A non-blocking read of a FIFO says which case it is: data, EAGAIN (a writer
+    holds it open, nothing written yet: read on, however slow it is) or EOF
+    (no writer at all). Without a writer, wait up to :data:`FIFO_WRITER_WAIT`.
+    """
+    import select
+
+    deadline_ms = int(FIFO_WRITER_WAIT * 1000)
+    for wait in (0, deadline_ms):
+        if wait:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            poller.poll(wait)  # returns when a writer writes or hangs up
+        try:
+            data = os.read(fd, MAX_PLAN_BYTES + 1)
+        except BlockingIOError:
+            return b""
+        if data:
+            return data
+    raise PlanError(
+        f"plan file {path} is a FIFO that no process opened for writing within "
+        f"{FIFO_WRITER_WAIT:g} s"
+    )
 
 
 def validate(plan: Plan, lookup: Callable[[str], Any]) -> None:

@@ -236,7 +236,7 @@ class Runtime:
         crashpoints.crash("after_recovery")
         from .tools.effects import remove_orphans
 
-        remove_orphans(self.settings.artifacts, task_id)
+        remove_orphans(self.settings.artifacts, task_id, log=self._log)
         started = run.started  # (idx, attempt) committed running by the claim itself
         pending = [
             s

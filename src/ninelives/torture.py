@@ -15,9 +15,10 @@ counts below are taken:
   still completed cleanly);
 - recoveries: ``step_recovered`` events;
 - re-executed effects: step attempts beyond the first of each step;
-- duplicates: a published file whose content differs from the sha256 its
-  committed output records, or more entries in the built-in append log
-  (``AGENT_UNSAFE_EFFECTS=1``) than done steps that wrote to it;
+- duplicates: extra publications, each counted once: a published file that
+  holds its recorded content k times counts k - 1 (one whose content differs
+  otherwise counts 1), and an append log (``AGENT_UNSAFE_EFFECTS=1``) counts
+  each entry beyond the done steps that wrote to it;
 - lost commits: a step seen ``done`` in a snapshot between kills that is
   later not done, or whose output changed.
 
@@ -313,9 +314,49 @@ def reexecuted_effects(events: Sequence[Any]) -> int:
     return sum(n - 1 for n in starts.values() if n > 1)
 
 
-def append_log_duplicates(tasks: Sequence[Task], folder: str) -> list[str]:
+def _read_published(path: str) -> bytes | None:
+    """The bytes of a regular file at ``path``, or None (missing, a FIFO, unreadable)."""
+    from .tools import files
+
+    try:
+        fd = files.open_regular(path)
+    except (OSError, NineLivesError):
+        return None  # a missing or odd file is a verify finding, not a duplicate
+    try:
+        return files.read_limited(fd, 1 << 30, path)
+    except (OSError, NineLivesError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def published_duplicates(tasks: Sequence[Task], folder: str) -> list[tuple[str, int]]:
+    """Files whose content is not the one publication their output records, with
+    the number of extra publications each holds: ``k - 1`` for the recorded
+    content k times over, 1 for any other difference."""
+    from .tools.effects import _sha256
+
+    found = []
+    for task in tasks:
+        for output in artifact_outputs(task).values():
+            name = os.path.basename(output["path"])
+            data = _read_published(os.path.join(folder, name))
+            if data is None or _sha256(data) == output["sha256"]:
+                continue
+            size = output.get("bytes")
+            extra = 1
+            if isinstance(size, int) and 0 < size < len(data) and len(data) % size == 0:
+                copies = len(data) // size
+                if data == data[:size] * copies and _sha256(data[:size]) == output["sha256"]:
+                    extra = copies - 1
+            found.append((f"{name}: {extra} extra publication(s)", extra))
+    return found
+
+
+def append_log_duplicates(tasks: Sequence[Task], folder: str) -> list[tuple[str, int]]:
     """Extra entries in append logs: done outputs that name a ``path`` without a
-    ``sha256`` (the built-in unsafe effect) against the entries each file holds."""
+    ``sha256`` (the built-in unsafe effect) against the entries each file holds;
+    each finding comes with its number of extra entries."""
     cited: dict[str, int] = {}
     for task in tasks:
         recorded = artifact_outputs(task)
@@ -332,14 +373,19 @@ def append_log_duplicates(tasks: Sequence[Task], folder: str) -> list[str]:
                 cited[name] = cited.get(name, 0) + 1
     found = []
     for name, count in sorted(cited.items()):
-        try:
-            with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as fh:
-                entries = fh.read().count(UNSAFE_SEPARATOR)
-        except OSError:
-            continue  # a missing file is a verify finding, not a duplicate
+        data = _read_published(os.path.join(folder, name))
+        if data is None:
+            continue
+        entries = data.decode("utf-8", "replace").count(UNSAFE_SEPARATOR)
         if entries > count:
-            found.append(f"{name}: {entries} entries for {count} done step(s)")
+            found.append((f"{name}: {entries} entries for {count} done step(s)", entries - count))
     return found
+
+
+def count_duplicates(tasks: Sequence[Task], folder: str) -> tuple[int, list[str]]:
+    """Extra publications in ``folder`` (each one counted once), and one line per file."""
+    found = [*published_duplicates(tasks, folder), *append_log_duplicates(tasks, folder)]
+    return sum(count for _, count in found), [line for line, _ in found]
 
 
 def torture(
@@ -482,13 +528,9 @@ def _report(
                 found = lost_commits(seen, by_id[task_id])
                 lost += len(found)
                 details.extend(f"lost commit: {line}" for line in found)
-    for violation in verdict.violations:
-        if violation.check == "artifact_content":
-            duplicates += 1
-        problems.append(str(violation))
-    appended = append_log_duplicates(tasks, session.artifacts)
-    duplicates += len(appended)
-    details.extend(f"duplicate: {line}" for line in appended)
+    problems.extend(str(violation) for violation in verdict.violations)
+    duplicates, found = count_duplicates(tasks, session.artifacts)
+    details.extend(f"duplicate: {line}" for line in found)
     return TortureReport(
         plan=os.path.relpath(session.plan),
         seed=seed,

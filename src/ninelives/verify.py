@@ -236,62 +236,57 @@ def artifact_outputs(task: Task) -> dict[int, dict[str, Any]]:
 def check_artifacts(task: Task, events: Sequence[Event], folder: str) -> list[Violation]:
     """Each published artifact exists in ``folder`` and matches its recorded
     ``sha256`` (and ``bytes``); no temporary file of this task is left behind."""
-    from .tools.effects import _sha256, temp_pattern
+    from .tools import files
+    from .tools.effects import temp_pattern
 
     found: list[Violation] = []
+
+    def add(check: str, message: str, seqs: tuple[int, ...] = ()) -> None:
+        found.append(Violation(task_id=task.id, check=check, message=message, seqs=seqs))
+
     finished = {e.step_idx: e.seq for e in events if e.kind == EventKind.STEP_FINISHED.value}
     for idx, output in sorted(artifact_outputs(task).items()):
         seqs = (finished[idx],) if idx in finished else ()
         name = os.path.basename(output["path"])
         path = os.path.join(folder, name)
+        # Never blocks on a FIFO, never follows a symlink, hashes in chunks.
         try:
-            with open(path, "rb") as fh:
-                data = fh.read()
+            fd = files.open_regular(path, shown=name)
         except FileNotFoundError:
-            found.append(
-                Violation(
-                    task_id=task.id,
-                    check="artifact_missing",
-                    message=f"step {idx}: {name} is not in {folder}",
-                    seqs=seqs,
-                )
-            )
+            add("artifact_missing", f"step {idx}: {name} is not in {folder}", seqs)
+            continue
+        except files.NotRegularFile as exc:
+            add("artifact_type", f"step {idx}: {exc}", seqs)
             continue
         except OSError as exc:
-            found.append(
-                Violation(
-                    task_id=task.id,
-                    check="artifact_missing",
-                    message=f"step {idx}: cannot read {path}: {exc.strerror}",
-                    seqs=seqs,
-                )
-            )
+            add("artifact_missing", f"step {idx}: cannot read {path}: {exc.strerror}", seqs)
             continue
+        try:
+            digest, length = files.sha256_of(fd)
+        except OSError as exc:
+            add("artifact_missing", f"step {idx}: cannot read {path}: {exc.strerror}", seqs)
+            continue
+        finally:
+            os.close(fd)
         size = output.get("bytes")
-        if _sha256(data) != output["sha256"] or (isinstance(size, int) and size != len(data)):
-            found.append(
-                Violation(
-                    task_id=task.id,
-                    check="artifact_content",
-                    message=f"step {idx}: {name} holds {len(data)} bytes that do not match the "
-                    "sha256 its committed output records",
-                    seqs=seqs,
-                )
+        if digest != output["sha256"] or (isinstance(size, int) and size != length):
+            add(
+                "artifact_content",
+                f"step {idx}: {name} holds {length} bytes that do not match the "
+                "sha256 its committed output records",
+                seqs,
             )
     try:
         names = sorted(os.listdir(folder))
     except (FileNotFoundError, NotADirectoryError):
         names = []
+    except OSError as exc:
+        add("artifacts_unreadable", f"cannot list {folder}: {exc.strerror}")
+        names = []
     pattern = temp_pattern(task.id)
     for name in names:
         if pattern.fullmatch(name):
-            found.append(
-                Violation(
-                    task_id=task.id,
-                    check="stray_temp",
-                    message=f"temporary file {name} left in {folder}",
-                )
-            )
+            add("stray_temp", f"temporary file {name} left in {folder}")
     return found
 
 

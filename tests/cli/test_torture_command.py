@@ -187,7 +187,62 @@ def test_append_log_duplicates(tmp_path: Path) -> None:
     log.write_text("s\n---\ns\n---\n", encoding="utf-8")
     once = _task([StepStatus.DONE], [{"path": "artifacts/report.log", "deduplicated": False}])
     assert append_log_duplicates([once], str(tmp_path)) == [
-        "report.log: 2 entries for 1 done step(s)"
+        ("report.log: 2 entries for 1 done step(s)", 1)
     ]
     twice = [once, _task([StepStatus.DONE], [{"path": "x/report.log"}])]
     assert append_log_duplicates(twice, str(tmp_path)) == []
+
+
+TRIPLE_TOOL = '''
+"""Publishes its text three times in one attempt: two extra publications per task."""
+import hashlib, os
+
+def triple(step_input, ctx, idem_key):
+    text = ctx[step_input["from"]]["summary"].encode()
+    folder = os.environ.get("AGENT_ARTIFACTS") or "artifacts"
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, idem_key + ".md")
+    with open(path, "ab") as fh:
+        fh.write(text * 3)
+    return {"path": path, "sha256": hashlib.sha256(text).hexdigest(), "bytes": len(text)}
+'''
+
+
+def test_each_extra_publication_counts_once(sqlite_lab: Lab) -> None:
+    sqlite_lab.guide_setup()
+    plan = {
+        "goal": "publish three times",
+        "steps": [
+            {"tool": "fetch", "input": {"path": "input/notes.txt"}},
+            {"tool": "summarize", "input": {"from": 0}},
+            {"tool": "triple", "input": {"from": 1}},
+        ],
+    }
+    sqlite_lab.write_plan(plan, "triple.json")
+    site = sqlite_lab.root / "site"
+    info = site / "triple_tool-0.1.dist-info"
+    info.mkdir(parents=True)
+    (site / "triple_tool.py").write_text(textwrap.dedent(TRIPLE_TOOL), encoding="utf-8")
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: triple-tool\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[ninelives.tools]\ntriple = triple_tool:triple\n")
+    result = sqlite_lab.cli(
+        "torture", "triple.json", "--kills", "0", "--seed", "1", "--dir", "t", "-q",
+        PYTHONPATH=str(site),
+    )  # fmt: skip
+    assert result.returncode == 7, result
+    files = sorted((sqlite_lab.root / "t" / "artifacts").iterdir())
+    assert files, result.stdout
+    # Every task's file holds its text three times: two extra publications each.
+    assert _counts(result.stdout)["duplicates"] == 2 * len(files), result.stdout
+    assert result.stdout.count("2 extra publication(s)") == len(files)
+
+
+def test_append_log_extra_entries_count_once_each(tmp_path: Path) -> None:
+    from ninelives.torture import count_duplicates
+
+    (tmp_path / "report.log").write_text("s\n---\n" * 4, encoding="utf-8")
+    once = _task([StepStatus.DONE], [{"path": "artifacts/report.log", "deduplicated": False}])
+    assert count_duplicates([once], str(tmp_path)) == (
+        3,
+        ["report.log: 4 entries for 1 done step(s)"],
+    )

@@ -7,8 +7,11 @@ Same tables and journal semantics as SQLite; what differs is the claim:
   database's clock, taken in the same transaction that increments
   ``lease_epoch``, recovers ``running`` steps and journals ``run_started``.
   ``run`` takes a task only if its lease is free, expired, or held by a
-  runner whose database session is gone (see ``holder_lock`` in
-  ``sql/postgres.sql``), else :class:`~ninelives.errors.TaskBusy`; workers
+  runner provably gone: its sessions' shared advisory locks are free although
+  it claimed the task since the server last started (``holder_lock`` and
+  ``holder_gone`` in ``sql/postgres.sql``; a restart frees the locks of live
+  holders too). Holders take their locks again on every new connection, the
+  heartbeat's included. Otherwise :class:`~ninelives.errors.TaskBusy`; workers
   take the oldest free or expired one with ``FOR UPDATE SKIP LOCKED``.
 * Every commit a runner makes starts with the fence (``UPDATE tasks ... WHERE
   lease_epoch = :epoch``), which also renews the lease; a heartbeat thread on
@@ -33,7 +36,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -59,6 +61,7 @@ from . import (
     sql,
     task_exists,
 )
+from .conninfo import Redactor, redact_url
 
 Q = sql.load_queries("postgres")
 CONNECT_TIMEOUT = 10
@@ -69,20 +72,14 @@ Conn = psycopg.Connection[Any]
 
 
 def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for messages)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "postgresql://(unparsable URL)"
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    """``url`` with its password, in whatever form it is given, replaced by ``***``."""
+    return redact_url(url)
 
 
-def _say(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
+def _say(exc: BaseException, scrub: Callable[[str], str] = str) -> str:
+    """One line of a driver error, passed through ``scrub``: psycopg echoes a
+    connection string it cannot parse, password and all."""
+    return scrub(" ".join(str(exc).split()) or type(exc).__name__)
 
 
 def _scalar(conn: Conn, query: str, params: dict[str, Any]) -> Any:
@@ -130,23 +127,38 @@ class _Heartbeat:
     def _loop(self) -> None:
         store = self._store
         conn: Conn | None = None
+        # Holder locks this connection holds. The heartbeat holds them too, so
+        # a holder whose main session died (terminated, a cut connection) while
+        # its process lives and renews still shows as live to ``run``.
+        locked: set[tuple[str, int]] = set()
         while not self._stop.wait(store.heartbeat):
             with store._mutex:
                 leases = [lease for lease in self._leases.values() if not lease.lost]
-            for lease in leases:
-                sent = time.monotonic()
-                try:
-                    if conn is None or conn.closed or conn.broken:
-                        conn = store._connect()
+            try:
+                if conn is None or conn.closed or conn.broken:
+                    locked = set()
+                    conn = store._connect()
+                self._unlock_ended(conn, locked, {(le.run.task_id, le.run.epoch) for le in leases})
+                for lease in leases:
+                    sent = time.monotonic()
                     cur = conn.execute(Q["renew"], store._lease_params(lease.run))
-                except (psycopg.Error, StoreError):
-                    if conn is not None:
-                        conn.close()
-                    conn = None
-                    break  # try again next beat; the lease may expire meanwhile
-                store._renewed(lease, sent, ok=cur.rowcount == 1)
+                    store._renewed(lease, sent, ok=cur.rowcount == 1)
+                    key = (lease.run.task_id, lease.run.epoch)
+                    if cur.rowcount == 1 and key not in locked:
+                        if _scalar(conn, Q["holder_lock"], {"id": key[0], "epoch": key[1]}):
+                            locked.add(key)
+            except (psycopg.Error, StoreError):
+                if conn is not None:
+                    conn.close()
+                conn = None  # try again next beat; the lease may expire meanwhile
         if conn is not None:
             conn.close()
+
+    @staticmethod
+    def _unlock_ended(conn: Conn, locked: set[tuple[str, int]], held: set[tuple[str, int]]) -> None:
+        for task_id, epoch in sorted(locked - held):
+            conn.execute(Q["holder_unlock"], {"id": task_id, "epoch": epoch})
+            locked.discard((task_id, epoch))
 
 
 class PostgresStore:
@@ -164,7 +176,8 @@ class PostgresStore:
         self.url = url
         self.lease = float(lease)
         self.heartbeat = float(heartbeat) if heartbeat is not None else self.lease / 3
-        self._shown = redact(url)
+        self._scrub = Redactor([url])
+        self._shown = self._scrub(url)
         self._fencing = not fencing_disabled(url)
         if not self._fencing:
             print(
@@ -194,6 +207,10 @@ class PostgresStore:
 
     # -- connections --------------------------------------------------------
 
+    def _why(self, exc: BaseException) -> str:
+        """A driver error as one line, without the password in any form."""
+        return _say(exc, self._scrub)
+
     def _connect(self) -> Conn:
         lease_ms = int(self.lease * 1000)
         try:
@@ -211,14 +228,14 @@ class PostgresStore:
                 keepalives_count=3,
             )
         except psycopg.Error as exc:
-            raise StoreError(f"cannot connect to {self._shown}: {_say(exc)}") from exc
+            raise StoreError(f"cannot connect to {self._shown}: {self._why(exc)}") from exc
         try:
             # A runner stopped inside a transaction must not keep the task's row
             # locked forever: the server ends such a session.
             conn.execute(f"SET idle_in_transaction_session_timeout = {max(lease_ms, 5000)}")
         except psycopg.Error as exc:
             conn.close()
-            raise StoreError(f"cannot use {self._shown}: {_say(exc)}") from exc
+            raise StoreError(f"cannot use {self._shown}: {self._why(exc)}") from exc
         return conn
 
     def _connection(self) -> Conn:
@@ -226,7 +243,19 @@ class PostgresStore:
         if conn is None or conn.closed or conn.broken:
             self._drop()
             conn = self._conn = self._connect()
+            self._relock(conn)
         return conn
+
+    def _relock(self, conn: Conn) -> None:
+        """Take again, on a new session, the holder locks of the leases still held:
+        the old session's died with it, and a free lock reads as a dead holder."""
+        try:
+            for lease in list(self._leases.values()):
+                if not lease.lost:
+                    conn.execute(Q["holder_lock"], self._lease_params(lease.run))
+        except psycopg.Error as exc:
+            self._drop()
+            raise StoreError(f"cannot use {self._shown}: {self._why(exc)}") from exc
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
@@ -305,10 +334,10 @@ class PostgresStore:
             return TaskBusy("the task is being committed by another live runner; try again")
         if committing:
             return CommitUnknown(
-                f"commit to {self._shown} failed ({_say(exc)}); its outcome is unknown, "
+                f"commit to {self._shown} failed ({self._why(exc)}); its outcome is unknown, "
                 "stopping now: the next run recovers"
             )
-        return StoreError(f"database {self._shown}: {_say(exc)}")
+        return StoreError(f"database {self._shown}: {self._why(exc)}")
 
     @contextmanager
     def _read(self) -> Iterator[Conn]:
@@ -321,7 +350,7 @@ class PostgresStore:
         except BaseException as exc:
             self._rollback(conn)
             if isinstance(exc, psycopg.Error):
-                raise StoreError(f"cannot read {self._shown}: {_say(exc)}") from exc
+                raise StoreError(f"cannot read {self._shown}: {self._why(exc)}") from exc
             raise
 
     def _configure(self) -> None:
@@ -332,7 +361,7 @@ class PostgresStore:
             exists = conn.execute(Q["schema_exists"]).fetchone()
             version = conn.execute(Q["schema_version"]).fetchone() if exists and exists[0] else None
         except psycopg.Error as exc:
-            raise StoreError(f"cannot use {self._shown}: {_say(exc)}") from exc
+            raise StoreError(f"cannot use {self._shown}: {self._why(exc)}") from exc
         current = int(version[0]) if version else 0
         if current > latest:
             raise StoreError(
@@ -481,13 +510,7 @@ class PostgresStore:
                     raise UnknownTask(f"unknown task {task_id!r}")
                 held, live = row
                 if live:
-                    # The holder's session lock is free only if its session is gone.
-                    if not _scalar(conn, Q["holder_lock"], {"id": task_id, "epoch": held}):
-                        raise TaskBusy(
-                            f"task {task_id!r} is being run by another live process "
-                            "(its lease is held)"
-                        )
-                    conn.execute(Q["holder_unlock"], {"id": task_id, "epoch": held})
+                    self._take_over_early(conn, task_id, held)
                 if check is not None:
                     check(self._load(conn, task_id))  # raising here writes nothing
                 owner = f"{self._owner}/{run_id}"
@@ -501,6 +524,26 @@ class PostgresStore:
             raise
         self._hold(run, sent)
         return run, task
+
+    def _take_over_early(self, conn: Conn, task_id: str, held: int) -> None:
+        """Return only if the holder of a live lease is provably gone, else TaskBusy.
+
+        The lease is the truth; its holder's session advisory lock only lets
+        ``run`` take over before expiry when that lock is free *and* was taken
+        in the server's current life (a restart frees the locks of live holders).
+        """
+        holder = {"id": task_id, "epoch": held}
+        if not _scalar(conn, Q["holder_probe"], holder):
+            raise TaskBusy(
+                f"task {task_id!r} is being run by another live process (its lease is held)"
+            )
+        conn.execute(Q["holder_probe_end"], holder)
+        if not _scalar(conn, Q["holder_gone"], {"id": task_id}):
+            raise TaskBusy(
+                f"task {task_id!r} is held by a lease taken before the database server "
+                "restarted, so its holder may still be running: the lease is honoured until "
+                "it expires or is released"
+            )
 
     def claim_next(
         self,
@@ -596,7 +639,7 @@ class PostgresStore:
             cur = self._connection().execute(Q["renew"], self._lease_params(run))
         except psycopg.Error as exc:
             self._drop()
-            raise StoreError(f"cannot renew the lease on {self._shown}: {_say(exc)}") from exc
+            raise StoreError(f"cannot renew the lease on {self._shown}: {self._why(exc)}") from exc
         self._renewed(lease, sent, ok=cur.rowcount == 1)
         if lease.lost:
             raise self._lost(run)

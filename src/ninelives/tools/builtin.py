@@ -8,7 +8,7 @@ from typing import Any
 
 from ..errors import PlanError, ToolError
 from ..settings import Settings
-from . import Registry, Tool, effects
+from . import Registry, Tool, effects, files
 
 
 def _need_from(step_input: Mapping[str, Any]) -> None:
@@ -38,12 +38,21 @@ def _check_relative(path: Any) -> None:
         raise PlanError(f"path {path!r} must stay inside the workspace (relative, no '..')")
 
 
+#: The largest file ``fetch`` reads: its text becomes a committed step output.
+MAX_FETCH_BYTES = 32 << 20
+
+
 def make_fetch(settings: Settings) -> Tool:
     """``fetch {"path"}`` -> ``{"chars", "sha256", "text"}`` of a UTF-8 file.
 
     The path is data relative to the workspace (the working directory, or
-    ``NINELIVES_WORKSPACE``); absolute paths, ``..`` and symlinks that lead out
-    of the workspace are refused.
+    ``NINELIVES_WORKSPACE``): absolute paths and ``..`` are refused at
+    ``create``; at run time it is opened one component at a time beneath the
+    workspace (:func:`ninelives.tools.files.open_beneath`), so a symlink that
+    leads out, or one swapped in while the path is resolved, is refused. Only
+    a regular file is read (never a FIFO or a device), of at most
+    :data:`MAX_FETCH_BYTES`, and only with a single name: a file with other
+    hard links may have a name outside the workspace, so it is refused too.
     """
 
     def validate(step_input: Mapping[str, Any]) -> None:
@@ -51,26 +60,37 @@ def make_fetch(settings: Settings) -> Tool:
 
     def fetch(step_input: Mapping[str, Any], ctx: Mapping[int, Any], idem_key: str) -> Any:
         validate(step_input)
-        root = os.path.realpath(settings.workspace)
-        target = os.path.realpath(os.path.join(root, step_input["path"]))
-        if os.path.commonpath([root, target]) != root:
-            raise ToolError(f"{step_input['path']} leads outside the workspace")
+        path = step_input["path"]
+        limit = min(MAX_FETCH_BYTES, settings.max_output)
+        what = (
+            f"fetch's limit of {limit} bytes"
+            if limit == MAX_FETCH_BYTES
+            else f"the maximum output size of {limit} bytes (NINELIVES_MAX_OUTPUT)"
+        )
         try:
-            with open(target, "rb") as fh:
-                # Bounded: a huge file must be a clear step_error, not a process
-                # that runs out of memory on every attempt.
-                data = fh.read(settings.max_output + 1)
+            fd = files.open_beneath(settings.workspace, path)
         except OSError as exc:
-            raise ToolError(f"cannot read {step_input['path']}: {exc.strerror}") from None
-        if len(data) > settings.max_output:
-            raise ToolError(
-                f"{step_input['path']} is larger than the maximum output size of "
-                f"{settings.max_output} bytes (NINELIVES_MAX_OUTPUT)"
-            )
+            raise ToolError(f"cannot read {path}: {exc.strerror}") from None
+        try:
+            st = os.fstat(fd)
+            if st.st_nlink > 1:
+                raise ToolError(
+                    f"{path} has {st.st_nlink} hard links, so it may be a file from outside "
+                    "the workspace; fetch reads only files with one name (copy it instead)"
+                )
+            # Bounded: a huge file must be a clear step_error, not a process
+            # that runs out of memory on every attempt.
+            if st.st_size > limit:
+                raise ToolError(f"{path} is larger than {what}")
+            data = files.read_limited(fd, limit, path)
+        except OSError as exc:
+            raise ToolError(f"cannot read {path}: {exc.strerror}") from None
+        finally:
+            os.close(fd)
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
-            raise ToolError(f"{step_input['path']} is not UTF-8 text") from None
+            raise ToolError(f"{path} is not UTF-8 text") from None
         return {"chars": len(text), "sha256": effects._sha256(data), "text": text}
 
     return Tool(name="fetch", fn=fetch, validate=validate)

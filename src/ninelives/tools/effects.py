@@ -17,14 +17,14 @@ from __future__ import annotations
 import errno
 import os
 import re
-import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import crashpoints
 from ..errors import EffectUnknown, ToolError
+from . import files
 
 _OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-_OPEN_READ = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 #: Errors that say the storage is failing or full: retrying the step in this
 #: process would only use up its attempts.
 _STORAGE_ERRNOS = frozenset({errno.EIO, errno.ENOSPC, errno.EDQUOT, errno.EROFS})
@@ -88,20 +88,21 @@ def make_folder(folder: str) -> None:
         fsync_dir(parent)
 
 
-def _check_existing(path: str, expected: str) -> None:
+def _check_existing(path: str, expected: str, size: int) -> None:
+    # Whatever is at the name was put there by someone else: a FIFO must not
+    # block the run, a symlink must not be followed, a huge file must not be
+    # read into memory (a different size already says "different content").
     try:
-        fd = os.open(path, _OPEN_READ)
-    except OSError as exc:  # ELOOP: a planted symlink is never followed
-        raise ToolError(f"{path} exists and is not a regular file") from exc
+        fd = files.open_regular(path)
+    except files.NotRegularFile as exc:
+        raise ToolError(f"{exc}; refusing to publish over it") from None
+    except OSError as exc:
+        raise ToolError(f"{path} exists but cannot be read: {exc.strerror}") from exc
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ToolError(f"{path} exists and is not a regular file")
-        chunks = []
-        while chunk := os.read(fd, 1 << 16):
-            chunks.append(chunk)
+        same = os.fstat(fd).st_size == size and files.sha256_of(fd) == (expected, size)
     finally:
         os.close(fd)
-    if _sha256(b"".join(chunks)) != expected:
+    if not same:
         raise ToolError(f"{path} exists with different content; refusing to overwrite it")
 
 
@@ -146,7 +147,7 @@ def _publish(folder: str, name: str, data: bytes, step: int | None) -> Published
             os.link(tmp, final, follow_symlinks=False)
             deduplicated = False
         except FileExistsError:
-            _check_existing(final, digest)
+            _check_existing(final, digest, len(data))
             deduplicated = True
     finally:
         os.unlink(tmp)
@@ -161,8 +162,11 @@ def append_unsafe(path: str, data: bytes) -> None:
     """Append ``data`` to ``path``: deliberately not idempotent (the negative control)."""
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+    # O_NONBLOCK: a FIFO planted at the name fails (ENXIO) instead of waiting for a reader.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK
+    fd = os.open(path, flags, 0o644)
     try:
+        files.check_regular(fd, path)
         os.write(fd, data)
         os.fsync(fd)
     finally:
@@ -174,21 +178,45 @@ def temp_pattern(task_id: str) -> re.Pattern[str]:
     return re.compile(rf"\.{re.escape(task_id)}-\d+\.md\.[0-9a-f]{{16}}\.tmp")
 
 
-def remove_orphans(folder: str, task_id: str) -> list[str]:
+def remove_orphans(
+    folder: str, task_id: str, log: Callable[[str], None] | None = None
+) -> list[str]:
     """Delete temp files a killed run of ``task_id`` left in ``folder``; return their names.
 
     Only this task's own names are touched, so runs of other tasks in the same
-    folder are never disturbed. Runs under the task's lock.
+    folder are never disturbed. Runs under the task's lock. Cleanup never stops
+    a run: a folder it cannot list, or an entry it cannot remove (a folder
+    planted under a temp name, a file in a sticky folder owned by someone
+    else), is left alone and reported once through ``log``.
     """
     try:
         names = os.listdir(folder)
     except (FileNotFoundError, NotADirectoryError):
         return []
+    except OSError as exc:  # EACCES, ELOOP, EIO: nothing to clean that we can see
+        _tell(log, f"{task_id}: cannot list {folder} to remove orphaned temporary files "
+              f"({exc.strerror}); left as they are")  # fmt: skip
+        return []
     pattern = temp_pattern(task_id)
-    removed = [n for n in names if pattern.fullmatch(n)]
-    for name in removed:
+    removed = []
+    skipped = []
+    for name in names:
+        if not pattern.fullmatch(name):
+            continue
         try:
             os.unlink(os.path.join(folder, name))
         except FileNotFoundError:
-            pass
+            continue
+        except OSError as exc:  # EISDIR/EPERM (a folder), EPERM/EACCES (sticky folder)
+            skipped.append(f"{name} ({exc.strerror})")
+            continue
+        removed.append(name)
+    if skipped:
+        _tell(log, f"{task_id}: left {len(skipped)} orphaned temporary name(s) in {folder} "
+              f"that cannot be removed: {', '.join(sorted(skipped))}")  # fmt: skip
     return removed
+
+
+def _tell(log: Callable[[str], None] | None, line: str) -> None:
+    if log is not None:
+        log(line)

@@ -44,12 +44,32 @@ FOR UPDATE;
 
 -- name: holder_lock
 -- A runner holds a session advisory lock named by (task, epoch) for as long as
--- it holds the lease: the server drops it the moment the runner's connection
--- dies, so a free lock under a live lease means the holder is gone.
+-- it holds the lease, shared, on its main connection and on its heartbeat's:
+-- the server drops it the moment the runner's connections die, so a free lock
+-- under a live lease means the holder's sessions are gone (see holder_gone).
+SELECT pg_try_advisory_lock_shared(hashtextextended(concat(%(id)s::text, ':', %(epoch)s::bigint), 0));
+
+-- name: holder_probe
+-- Exclusive: taken only while some holder session still holds its shared lock.
 SELECT pg_try_advisory_lock(hashtextextended(concat(%(id)s::text, ':', %(epoch)s::bigint), 0));
 
--- name: holder_unlock
+-- name: holder_probe_end
 SELECT pg_advisory_unlock(hashtextextended(concat(%(id)s::text, ':', %(epoch)s::bigint), 0));
+
+-- name: holder_gone
+-- A free holder lock proves the holder's session is gone, but not that the
+-- holder is: a server restart ends every session, live holders' included.
+-- So it counts only if the holder claimed the task (its run_started) since
+-- the server's current life began (its start, or the restart of its
+-- checkpointer after a crash that reinitialised shared memory).
+SELECT coalesce(max(ts), 0) > greatest(
+    extract(epoch FROM pg_postmaster_start_time()),
+    coalesce((SELECT extract(epoch FROM min(backend_start)) FROM pg_stat_activity
+              WHERE backend_type = 'checkpointer'), 0))
+FROM events WHERE task_id = %(id)s AND kind = 'run_started';
+
+-- name: holder_unlock
+SELECT pg_advisory_unlock_shared(hashtextextended(concat(%(id)s::text, ':', %(epoch)s::bigint), 0));
 
 -- name: claim
 UPDATE tasks
@@ -115,7 +135,7 @@ WITH released AS (
     WHERE id = %(id)s AND lease_epoch = %(epoch)s
     RETURNING id
 )
-SELECT pg_advisory_unlock(hashtextextended(concat(%(id)s::text, ':', %(epoch)s::bigint), 0)),
+SELECT pg_advisory_unlock_shared(hashtextextended(concat(%(id)s::text, ':', %(epoch)s::bigint), 0)),
        (SELECT count(*) FROM released);
 
 -- name: abandon

@@ -1,0 +1,87 @@
+"""Database URLs in messages: the password in every form libpq accepts, redacted.
+
+A PostgreSQL URL can carry its password as userinfo (``user:pw@host``), as a
+query parameter (``?password=pw``), percent-encoded or not, and libpq reads
+an unescaped ``/``, ``?`` or ``@`` in it in ways that scatter pieces of it
+over other fields (``user:pa/ss@host`` is host ``user``, port ``pa``, database
+``ss@host``). A URL psycopg cannot parse at all is echoed in psycopg's own
+error message.
+
+So a :class:`Redactor` does not try to rebuild a clean URL: it collects every
+text that may be (part of) the password (what psycopg's ``conninfo`` parser
+finds, what a plain reading of the text finds, percent-decoded and not) and
+replaces each wherever it occurs, in the URL shown and in every message.
+Nothing here imports psycopg until a URL is actually parsed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from urllib.parse import unquote
+
+MASK = "***"
+#: Pieces of a password split by libpq's URL syntax are secrets too, down to this length.
+_MIN_PIECE = 3
+_QUERY_PASSWORD = re.compile(r"(?:^|[?&\s])password\s*=\s*('(?:[^'\\]|\\.)*'|[^&#\s]*)", re.I)
+
+
+def _parsed_password(url: str) -> str | None:
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:
+        return None
+    try:
+        value = conninfo_to_dict(url).get("password")
+    except Exception:  # psycopg.ProgrammingError and whatever else it raises on bad text
+        return None
+    return str(value) if value else None
+
+
+def _userinfo_password(url: str) -> str | None:
+    rest = url.split("://", 1)[1] if "://" in url else ""
+    before_query = rest.split("?", 1)[0]
+    for text in (before_query, rest):  # the second for a password with an unescaped "?"
+        at = text.rfind("@")
+        if at > 0 and ":" in text[:at]:
+            return text[:at].split(":", 1)[1]
+    return None
+
+
+def secrets_of(url: str) -> list[str]:
+    """Every text in ``url`` that is, or may be part of, its password (longest first)."""
+    found: set[str] = set()
+    candidates = [_parsed_password(url), _userinfo_password(url)]
+    candidates += [m.group(1).strip("'") for m in _QUERY_PASSWORD.finditer(url)]
+    for secret in candidates:
+        if not secret:
+            continue
+        for form in (secret, unquote(secret)):
+            found.add(form)
+            found.update(p for p in re.split(r"[/?#@&:]", form) if len(p) >= _MIN_PIECE)
+    return sorted(found, key=lambda s: (-len(s), s))
+
+
+class Redactor:
+    """Removes the passwords of some database URLs from any text."""
+
+    def __init__(self, urls: Iterable[str]) -> None:
+        found: set[str] = set()
+        for url in urls:
+            found.update(secrets_of(url))
+        self._secrets = sorted(found, key=lambda s: (-len(s), s))
+
+    def __bool__(self) -> bool:
+        return bool(self._secrets)
+
+    def __call__(self, text: str) -> str:
+        """``text`` with every secret replaced by ``***``."""
+        for secret in self._secrets:
+            if secret in text:
+                text = text.replace(secret, MASK)
+        return text
+
+
+def redact_url(url: str) -> str:
+    """``url`` as it may be shown: every password form replaced by ``***``."""
+    return Redactor([url])(url)

@@ -1,0 +1,220 @@
+"""The command's own output: a stdout that fails, a reader that goes away, and
+text from the store that must not act on the terminal showing it.
+
+A stdout that cannot be written (``/dev/full``, closed) is one line on stderr
+and exit 10, never a traceback; a reader that goes away (``| head``) ends the
+command quietly. Stored text (a goal, a tool name, a tool's output or error,
+a file name) reaches a human view with its control characters escaped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from ninelives.cli import EXIT_CODES, printable
+from ninelives.errors import OutputFailed
+from ninelives.testing import Lab
+from ninelives.testing.lab import GUIDE_PLAN, SUMMARY_NOTES
+
+OUTPUT_FAILED = 10
+#: ESC, an OSC title change, a CSI clear, a carriage return, C1 CSI, a bidi override.
+EVIL = "\x1b]0;pwned\x07\x1b[2J\rover\x9b31m\u202eevil"
+ESC_BYTES = (b"\x1b", b"\x07", b"\r", b"\xc2\x9b", "\u202e".encode())
+
+
+def created(lab: Lab, plan: dict[str, object] | None = None, task_id: str = "t") -> None:
+    lab.write("input/notes.txt", SUMMARY_NOTES)
+    lab.write_plan(plan or GUIDE_PLAN)
+    assert lab.cli("create", task_id, "plan.json").returncode == 0
+
+
+def run_to(lab: Lab, args: list[str], stdout: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        lab.argv(args), cwd=lab.root, env=lab.env(), stdout=stdout, stderr=subprocess.PIPE,
+        text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def run_closed(lab: Lab, args: list[str]) -> subprocess.CompletedProcess[str]:
+    """The command with its stdout closed (``>&-``)."""
+    return subprocess.run(
+        ["sh", "-c", 'exec "$@" >&-', "sh", *lab.argv(args)], cwd=lab.root, env=lab.env(),
+        stderr=subprocess.PIPE, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_exit_code_10_is_the_output_failure() -> None:
+    assert dict(EXIT_CODES)[OutputFailed] == OUTPUT_FAILED
+
+
+READERS = [
+    ["status", "t"],
+    ["status", "t", "--json"],
+    ["status", "t", "--outputs"],
+    ["export", "t"],
+    ["verify", "t"],
+    ["--help"],
+    ["--version"],
+]
+
+
+@pytest.mark.parametrize("args", READERS, ids=" ".join)
+@pytest.mark.parametrize("where", ["full", "closed"])
+def test_a_stdout_that_cannot_be_written_is_one_line_and_exit_10(
+    sqlite_lab: Lab, args: list[str], where: str
+) -> None:
+    lab = sqlite_lab
+    created(lab)
+    before = lab.fingerprint("t")
+    if where == "full":
+        with open("/dev/full", "w") as full:
+            result = run_to(lab, args, full)
+    else:
+        result = run_closed(lab, args)
+    assert result.returncode == OUTPUT_FAILED, result
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("ninelives: error: cannot write to stdout: ")
+    assert lab.fingerprint("t") == before
+
+
+@pytest.mark.parametrize("where", ["full", "closed"])
+def test_create_says_the_task_was_stored_when_its_confirmation_fails(lab: Lab, where: str) -> None:
+    lab.write("input/notes.txt", SUMMARY_NOTES)
+    lab.write_plan(GUIDE_PLAN)
+    if where == "full":
+        with open("/dev/full", "w") as full:
+            result = run_to(lab, ["create", "t", "plan.json"], full)
+    else:
+        result = run_closed(lab, ["create", "t", "plan.json"])
+    assert result.returncode == OUTPUT_FAILED, result
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("ninelives: error: task 't' was stored, but cannot write")
+    assert lab.cli("status", "t", "--json").json()["status"] == "pending"  # it was
+    assert lab.cli("run", "t").returncode == 0
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(sqlite_lab: Lab) -> None:
+    lab = sqlite_lab
+    created(lab)
+    assert lab.cli("run", "t").returncode == 0
+    proc = subprocess.Popen(
+        lab.argv(["export", "t"]), cwd=lab.root, env=lab.env(), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    proc.stdout.close()  # the reader is gone before anything is written
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0
+    assert err == ""
+
+
+def test_an_ordinary_stdout_gets_everything(sqlite_lab: Lab) -> None:
+    # The control: the same commands with a working stdout exit 0 with output.
+    created(sqlite_lab)
+    for args in READERS:
+        result = sqlite_lab.cli(*args)
+        assert result.returncode == 0, result
+        assert result.stdout
+
+
+# -- escapes in human views -------------------------------------------------------------
+
+
+def evil_plan() -> dict[str, object]:
+    return {
+        "goal": EVIL,
+        "steps": [
+            {"tool": "fetch", "input": {"path": "input/notes.txt"}},
+            {"tool": "fetch", "input": {"path": f"input/{EVIL}.txt"}},
+        ],
+    }
+
+
+def on_a_terminal(lab: Lab, args: list[str]) -> bytes:
+    """What ``args`` prints on a pseudo-terminal (so the table view is chosen)."""
+    import pty
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        lab.argv(args), cwd=lab.root, env=lab.env(), stdout=follower, stderr=subprocess.PIPE
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO once the child has closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    proc.communicate(timeout=120)
+    os.close(leader)
+    assert proc.returncode == 0
+    return b"".join(chunks)
+
+
+def test_the_status_table_escapes_control_characters(lab: Lab) -> None:
+    created(lab, evil_plan())
+    shown = on_a_terminal(lab, ["status", "t"])
+    assert b"task t: pending" in shown  # the table view, not JSON
+    body = shown.replace(b"\r\n", b"\n")  # the terminal's own line endings
+    assert [seq for seq in ESC_BYTES if seq in body] == []
+    assert b"\\x1b]0;pwned\\x07\\x1b[2J\\rover\\x9b31m\\u202eevil" in body
+
+
+def test_a_plain_goal_is_shown_as_it_is(lab: Lab) -> None:
+    # The control: ordinary text (accents and all) is not escaped.
+    created(lab, {**evil_plan(), "goal": "Résumé des notes"})
+    assert "Résumé des notes".encode() in on_a_terminal(lab, ["status", "t"])
+
+
+def test_progress_and_error_lines_escape_control_characters(lab: Lab) -> None:
+    created(lab, evil_plan())
+    lab.write("input/notes.txt", f"{EVIL}\nline two\n")
+    result = lab.cli("run", "t", AGENT_MAX_ATTEMPTS="1")
+    assert result.returncode == 2, result
+    lines = result.stderr.splitlines()
+    assert len(lines) == 3, result.stderr  # step 0 done, step 1 error, the error line
+    assert [c for c in "\x1b\x07\r\x9b\u202e" if c in result.stderr] == []
+    assert "\\u202eevil" in lines[0]  # the output brief of step 0
+    assert "input/\\x1b]0;pwned" in lines[1]  # the tool's error echoes the path
+    assert lines[2].startswith("ninelives: error: ")
+
+
+def test_json_views_escape_what_json_dumps_leaves_raw(lab: Lab) -> None:
+    created(lab, evil_plan())
+    lab.write("input/notes.txt", f"{EVIL}\nline two\n")
+    assert lab.cli("run", "t", AGENT_MAX_ATTEMPTS="1").returncode == 2
+    status = lab.cli("status", "t", "--json", "--outputs").stdout
+    export = lab.cli("export", "t").stdout
+    for out in (status, export):
+        assert [c for c in "\x1b\x07\r\x9b\u202e" if c in out] == []
+    # The same JSON values: escaping changed only how they are written.
+    assert json.loads(status)["goal"] == EVIL
+    assert json.loads(status)["steps"][0]["output"]["text"].startswith(EVIL)
+    errors = [json.loads(line) for line in export.splitlines()]
+    assert any(EVIL in e.get("error", "") for e in errors)
+
+
+def test_verify_escapes_the_names_it_reports(lab: Lab) -> None:
+    created(lab)
+    assert lab.cli("run", "t").returncode == 0
+    folder = "art\x1b[2J\u202e"
+    lab.write(f"{folder}/.t-2.md.0123456789abcdef.tmp", "x")
+    result = lab.cli("verify", "t", "--artifacts", folder)
+    assert result.returncode == 7, result
+    assert "stray_temp: temporary file .t-2.md.0123456789abcdef.tmp left in art\\x1b[2J\\u202e" in (
+        result.stdout
+    )
+    assert [c for c in "\x1b\u202e" if c in result.stdout + result.stderr] == []
+
+
+def test_printable_escapes_controls_and_keeps_text() -> None:
+    assert printable("a\x1bb\nc\td\u202e") == "a\\x1bb\\nc\\td\\u202e"
+    assert printable("Résumé — ok ✓") == "Résumé — ok ✓"
