@@ -22,7 +22,7 @@ from ..errors import CommitUnknown, LeaseLost, StoreError, TaskBusy, TaskExists,
 from ..journal import dumps
 from ..locking import TaskLock
 from ..models import Event, EventKind, Run, Step, Task, TaskStatus
-from . import fencing_disabled, sql
+from . import fencing_disabled, retry_target, sql
 
 if TYPE_CHECKING:
     from ..plan import Plan
@@ -235,14 +235,18 @@ class SQLiteStore:
 
     # -- the Store protocol -------------------------------------------------
 
-    def create_task(self, task_id: str, plan: Plan, *, queue: str | None = None) -> Task:
+    def create_task(
+        self, task_id: str, plan: Plan, *, queue: str | None = None, artifacts: str | None = None
+    ) -> Task:
         now = time.time()
         run_id = os.urandom(16).hex()
         try:
             with self._write() as conn:
                 conn.execute(
-                    Q["insert_task"], {"id": task_id, "goal": plan.goal, "now": now, "queue": queue}
-                )
+                    Q["insert_task"],
+                    {"id": task_id, "goal": plan.goal, "now": now, "queue": queue,
+                     "artifacts": artifacts},
+                )  # fmt: skip
                 conn.executemany(
                     Q["insert_step"],
                     [
@@ -457,6 +461,26 @@ class SQLiteStore:
         lock = self._locks.pop(run.run_id, None)
         if lock is not None:
             lock.release()
+
+    def retry_task(self, task_id: str, run_id: str, *, step: int | None = None) -> Task:
+        with self._read() as conn:  # UnknownTask before any lock file is made
+            if conn.execute(Q["get_task"], {"id": task_id}).fetchone() is None:
+                raise UnknownTask(f"unknown task {task_id!r}")
+        lock = self._lock(task_id)  # TaskBusy at once while a runner holds it
+        try:
+            now = time.time()
+            with self._write() as conn:
+                task = self._load(conn, task_id)
+                idx = retry_target(task, step)
+                conn.execute(Q["retry_task"], {"id": task_id, "now": now})
+                conn.execute(Q["retry_step"], {"id": task_id, "idx": idx})
+                attempts = task.steps[idx].attempts
+                self._event(
+                    conn, task_id, run_id, EventKind.TASK_RETRIED, idx, {"attempts": attempts}, now
+                )
+        finally:
+            lock.release()
+        return self.get_task(task_id)
 
     def events(self, task_id: str) -> list[Event]:
         with self._read() as conn:

@@ -2,7 +2,8 @@
 -- postgres.sql has the same names, so a diff shows where the dialects differ.
 
 -- name: get_task
-SELECT id, goal, status, created_at, updated_at, lease_epoch FROM tasks WHERE id = :id;
+SELECT id, goal, status, created_at, updated_at, lease_epoch, artifacts FROM tasks
+WHERE id = :id;
 
 -- name: get_steps
 SELECT idx, tool, input, status, output, attempts FROM steps WHERE task_id = :id ORDER BY idx;
@@ -11,8 +12,8 @@ SELECT idx, tool, input, status, output, attempts FROM steps WHERE task_id = :id
 SELECT id FROM tasks ORDER BY created_at, id;
 
 -- name: insert_task
-INSERT INTO tasks (id, goal, status, created_at, updated_at, queue)
-VALUES (:id, :goal, 'pending', :now, :now, :queue);
+INSERT INTO tasks (id, goal, status, created_at, updated_at, queue, artifacts)
+VALUES (:id, :goal, 'pending', :now, :now, :queue, :artifacts);
 
 -- name: insert_step
 INSERT INTO steps (task_id, idx, tool, input, status, attempts)
@@ -84,3 +85,13 @@ UPDATE steps SET status = 'failed' WHERE task_id = :id AND idx = :idx;
 
 -- name: events
 SELECT seq, ts, task_id, run_id, kind, step_idx, data FROM events WHERE task_id = :id ORDER BY seq;
+
+-- name: retry_task
+-- A failed task back to pending under a new epoch, so that no runner from
+-- before the retry can commit to it again.
+UPDATE tasks SET status = 'pending', lease_epoch = lease_epoch + 1, updated_at = :now
+WHERE id = :id AND status = 'failed';
+
+-- name: retry_step
+UPDATE steps SET status = 'pending', attempts = 0
+WHERE task_id = :id AND idx = :idx AND status = 'failed';
