@@ -17,6 +17,10 @@ if TYPE_CHECKING:
 
 BACKENDS = ["sqlite", "postgres"]
 
+# Failing steps retry at once in the suite (the tests of the wait itself set it);
+# every ninelives process a test starts inherits this.
+os.environ.setdefault("NINELIVES_BACKOFF", "0")
+
 
 @pytest.fixture(
     params=[pytest.param(b, marks=pytest.mark.postgres) if b == "postgres" else b for b in BACKENDS]

@@ -18,9 +18,17 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from .. import crashpoints
-from ..errors import CommitUnknown, LeaseLost, StoreError, TaskBusy, TaskExists, UnknownTask
+from ..errors import (
+    CommitUnknown,
+    InputError,
+    LeaseLost,
+    StoreError,
+    TaskBusy,
+    TaskExists,
+    UnknownTask,
+)
 from ..journal import dumps
-from ..locking import TaskLock
+from ..locking import TaskLock, lock_path
 from ..models import Event, EventKind, Run, Step, Task, TaskStatus
 from . import fencing_disabled, retry_target, sql
 
@@ -320,6 +328,16 @@ class SQLiteStore:
             return claimed
         return None
 
+    def _held(self, task_id: str) -> bool:
+        """Whether a live process holds the task's lock; creates no lock file."""
+        if not os.path.exists(lock_path(self.path, task_id)):
+            return False
+        try:
+            self._lock(task_id).release()
+        except TaskBusy:
+            return True
+        return False
+
     def _lock(self, task_id: str) -> TaskLock:
         lock = TaskLock(self.path, task_id)
         try:
@@ -463,9 +481,14 @@ class SQLiteStore:
             lock.release()
 
     def retry_task(self, task_id: str, run_id: str, *, step: int | None = None) -> Task:
-        with self._read() as conn:  # UnknownTask before any lock file is made
-            if conn.execute(Q["get_task"], {"id": task_id}).fetchone() is None:
-                raise UnknownTask(f"unknown task {task_id!r}")
+        with self._read() as conn:  # refusals before any lock file is made
+            found = self._load(conn, task_id)
+        try:
+            retry_target(found, step)
+        except InputError:
+            if self._held(task_id):
+                raise TaskBusy(f"task {task_id!r} is being run by another process") from None
+            raise
         lock = self._lock(task_id)  # TaskBusy at once while a runner holds it
         try:
             now = time.time()
