@@ -136,11 +136,19 @@ def load_tool_modules(registry: Registry, modules: Iterable[str]) -> Registry:
 
     A module's tools are those it (or a module inside its package) declared
     with :func:`tool`, and whatever its ``register(registry)`` function, if it
-    has one, registers. A module that cannot be imported is an
+    has one, registers. Modules are found on ``sys.path`` and then in the working
+    directory. A module that cannot be imported is an
     :class:`~ninelives.errors.InputError` naming it.
     """
     import importlib
+    import os
+    import sys
 
+    # As `python -m` would: a module file in the working directory is found too
+    # (after installed packages, which keep precedence).
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.append(here)
     for module_name in modules:
         try:
             module = importlib.import_module(module_name)
