@@ -70,6 +70,13 @@ def console_commands(block: Block) -> list[Command]:
     return commands
 
 
+def _loose(line: str) -> str:
+    """A pattern for an expected output line: any run of spaces, any timing."""
+    pattern = re.escape(line)
+    pattern = re.sub(r"(\\ )+", r"\\s+", pattern)
+    return re.sub(r"\d+\\\.\d+", r"[\\d.]+", pattern)
+
+
 @dataclass
 class Outcome:
     """What each step of a shell script did: ``(label, exit code, output)``."""
@@ -121,7 +128,7 @@ def run_shell(
         if got != code:
             problems.append(f"{label}: exit {got}, the README says {code}\n{output}")
         for line in lines:
-            if line not in output:
+            if not re.search(_loose(line), output):
                 problems.append(f"{label}: does not print {line!r}; it printed:\n{output}")
     if proc.returncode != 0:
         problems.append(f"bash exited {proc.returncode}: {proc.stderr[-2000:]}")
