@@ -230,6 +230,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_torture(args: argparse.Namespace) -> int:
     from .torture import torture
 
+    if args.tools is not None:
+        # The plan is checked here and run by child processes: both read the variable.
+        os.environ["NINELIVES_TOOLS"] = args.tools
     report = torture(
         args.plan,
         kills=args.kills,

@@ -124,3 +124,15 @@ def test_submit_creates_then_resumes_and_refuses_another_plan(lab: Lab) -> None:
     assert "PlanMismatch: task 't' already exists with a different plan" in other.stderr
     assert lab.fingerprint("t") == before
     assert lab.snapshot("t").status["steps"][1]["attempts"] == 1  # nothing re-ran
+
+
+def test_a_worker_given_another_folder_publishes_where_the_task_began(lab: Lab) -> None:
+    """A worker cannot refuse a task it has claimed: it says so and publishes to the
+    folder recorded at create, never silently to the one it was given."""
+    lab.guide_setup()
+    assert lab.cli("submit", "t", "plan.json").returncode == 0
+    worker = lab.cli("worker", "--drain", "--poll", "0.1", AGENT_ARTIFACTS="other")
+    assert worker.returncode == 0, worker.stderr
+    assert f"WARNING: publishing to {lab.root / 'artifacts'}" in worker.stderr
+    assert sorted(lab.artifacts()) == ["t-2.md"]
+    assert not (lab.root / "other").exists()
