@@ -1,6 +1,9 @@
 # Two commands do all the set-up on a fresh Linux or macOS machine:
-#   make demo   create, kill, resume and show a task on the embedded SQLite default
-#   make test   lint, type-check and run the whole test suite (starts its own PostgreSQL)
+#   make demo       create, kill, resume and show a task on the embedded SQLite default
+#   make test       lint, type-check, the whole suite (starts its own PostgreSQL), the
+#                   reliability slice, then the demo from a fresh copy and from a built
+#                   wheel: about 6-8 minutes; this is what CI runs
+#   make test-fast  lint and the quick tests only (no PostgreSQL, nothing marked slow)
 
 ifndef PYTHON
 PYTHON := $(shell for p in python3.13 python3.12 python3.11 python3.10 python3; do \
@@ -10,12 +13,17 @@ endif
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench clean system-deps
+.PHONY: demo test test-fast check-install lint bench clean system-deps
 
-$(VENV)/.installed: pyproject.toml
+# The demo needs ninelives alone; the tests add their tools on top.
+$(VENV)/.core: pyproject.toml
 	@test -n "$(PYTHON)" || { echo "ninelives needs Python 3.10 or newer" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e .
+	@touch $@
+
+$(VENV)/.installed: $(VENV)/.core
 	$(BIN)/python -m pip install -q -e '.[test]'
 	@# No PostgreSQL on this machine: the tests run the server bundled in a wheel.
 	@if ! command -v pg_ctl >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then \
@@ -32,8 +40,8 @@ system-deps:
 		else echo "the I/O-fault tests need strace: install it (e.g. sudo apt-get install strace)" >&2; fi; \
 	fi
 
-demo: $(VENV)/.installed
-	NINELIVES=$(BIN)/ninelives bash scripts/demo.sh
+demo: $(VENV)/.core
+	NINELIVES=$(abspath $(BIN))/ninelives bash scripts/demo.sh
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check src tests bench examples
@@ -41,11 +49,25 @@ lint: $(VENV)/.installed
 	$(BIN)/mypy
 
 test: lint system-deps
+	@echo "==> the whole suite: real processes killed with SIGKILL, a throwaway PostgreSQL (about 5 minutes)"
 	NINELIVES_FORBID_SKIPS=1 $(BIN)/pytest
+	@echo "==> the reliability slice: random kills, power cuts, I/O faults, simulation seeds (about 1 minute)"
 	$(BIN)/python bench/reliability.py --quick
+	@$(MAKE) --no-print-directory check-install
+
+# The README's first command in a fresh copy of this checkout, then a wheel and an
+# sdist built and the wheel installed into a fresh virtualenv, running the demo.
+check-install: $(VENV)/.installed
+	@echo "==> make demo in a fresh copy, then python -m build and the demo from the wheel (about 1 minute)"
+	PYTHON=$(PYTHON) BUILD_PYTHON=$(abspath $(BIN))/python bash scripts/check-install.sh
+
+# The inner loop: seconds to a couple of minutes, not the whole suite.
+test-fast: lint
+	@echo "==> the quick tests (no PostgreSQL, nothing marked slow); 'make test' runs everything"
+	NINELIVES_BACKOFF=0 $(BIN)/pytest -q -x -m "not slow and not postgres"
 
 bench: $(VENV)/.installed
 	$(BIN)/python bench/step_overhead.py
 
 clean:
-	rm -rf $(VENV) demo .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) demo dist .pytest_cache .mypy_cache .ruff_cache

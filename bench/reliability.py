@@ -29,7 +29,8 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 PARTS = ("kills", "cuts", "faults", "sim")
@@ -123,6 +124,35 @@ def _classify(problems: list[str]) -> tuple[int, int, int, int]:
     return duplicates, lost, corrupt, len(problems) - duplicates - lost - corrupt
 
 
+#: Exit codes in the words of the README's table, for the notes under the figures.
+EXIT_MEANING = {
+    0: "done", 1: "unknown task", 2: "failed", 3: "busy", 4: "bad input",
+    5: "database unusable", 6: "outcome unknown", 7: "violations found", 130: "interrupted",
+}  # fmt: skip
+
+
+def exit_words(code: int) -> str:
+    """``6`` -> ``exit 6 (outcome unknown)``; a negative code is a signal."""
+    if code < 0:
+        return f"killed by signal {-code}"
+    return f"exit {code} ({EXIT_MEANING.get(code, 'unexpected')})"
+
+
+def codes_in_words(counts: Mapping[int, int]) -> str:
+    """``{6: 170, 0: 34}`` -> ``170 runs exit 6 (outcome unknown), 34 runs exit 0 (done)``."""
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    return ", ".join(f"{n} run{'s' if n != 1 else ''} {exit_words(code)}" for code, n in ranked)
+
+
+def sequences_in_words(sequences: Iterable[Sequence[int]]) -> str:
+    """``[(6, 0), (6, 0)]`` -> ``2 cases: exit 6 (outcome unknown), then exit 0 (done)``."""
+    counted = Counter(tuple(codes) for codes in sequences)
+    return "; ".join(
+        f"{n} case{'s' if n != 1 else ''}: " + ", then ".join(exit_words(c) for c in codes)
+        for codes, n in sorted(counted.items(), key=lambda item: -item[1])
+    )
+
+
 def faults(_count: int, _seed: int) -> Row:
     """Every fault point of a run, with EIO and ENOSPC; then a real full disk."""
     from ninelives.testing.iofault import SmallDiskUnavailable, full_disk, sweep
@@ -132,7 +162,8 @@ def faults(_count: int, _seed: int) -> Row:
     problems = report.problems
     clean = sum(not o.problems for o in report.outcomes)
     count = report.faults
-    notes = [f"calls {report.counts}, exit codes {report.exit_codes()}"]
+    calls = ", ".join(f"{n} {name}" for name, n in report.counts.items())
+    notes = [f"faulted calls: {calls}; {codes_in_words(report.exit_codes())}"]
     try:
         disk = full_disk()
     except SmallDiskUnavailable as exc:
@@ -141,7 +172,7 @@ def faults(_count: int, _seed: int) -> Row:
     count += len(disk)
     clean += sum(not o.problems for o in disk)
     problems += [f"full disk {o.name}: {p}" for o in disk for p in o.problems]
-    notes.append(f"full disk: {len(disk)} cases, exit codes {[o.exit_codes for o in disk]}")
+    notes.append(f"full disk: {sequences_in_words(o.exit_codes for o in disk)}")
     duplicates, lost, corrupt, other = _classify(problems)
     return Row(
         name="I/O faults",

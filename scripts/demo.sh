@@ -6,9 +6,14 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 ninelives=${NINELIVES:-$here/.venv/bin/ninelives}
 work=${DEMO_DIR:-$here/demo}
+# Both are used after the cd below: make them absolute first (a relative
+# command path is relative to where make ran, not to the demo folder).
+case $ninelives in */*) ninelives=$(cd "$(dirname "$ninelives")" && pwd)/$(basename "$ninelives") ;; esac
+case $work in /*) ;; *) work=$PWD/$work ;; esac
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
 cp -r "$here/examples/demo/." .
 for name in $(env | grep -o '^AGENT_[A-Z_]*'); do unset "$name"; done
+unset NINELIVES_DB NINELIVES_TOOLS NINELIVES_WORKSPACE
 
 say() { printf '\n\033[1m$ %s\033[0m\n' "$*"; }
 

@@ -20,6 +20,10 @@ BACKENDS = ["sqlite", "postgres"]
 #: durable defaults (fsync, full_page_writes), not the session cluster's fsync=off.
 FSYNC_ON = "postgres-fsync-on"
 
+# Failing steps retry at once in the suite (the tests of the wait itself set it);
+# every ninelives process a test starts inherits this.
+os.environ.setdefault("NINELIVES_BACKOFF", "0")
+
 
 @pytest.fixture(
     params=[pytest.param(b, marks=pytest.mark.postgres) if b == "postgres" else b for b in BACKENDS]

@@ -24,6 +24,7 @@ from .errors import (
     LeaseLost,
     NineLivesError,
     PlanError,
+    PlanMismatch,
     StoreError,
     TaskBusy,
     TaskExists,
@@ -47,6 +48,7 @@ __all__ = [
     "LeaseLost",
     "NineLivesError",
     "PlanError",
+    "PlanMismatch",
     "Run",
     "Runtime",
     "Step",
@@ -64,10 +66,11 @@ __all__ = [
 ]
 
 
-def open(url: str = "state.db", **kwargs: Any) -> Runtime:
+def open(url: str | None = None, **kwargs: Any) -> Runtime:
     """Open a database and return a :class:`~ninelives.runtime.Runtime` over it.
 
-    See :func:`ninelives.runtime.open` for the keyword arguments.
+    ``url`` defaults to ``$NINELIVES_DB``, else ``state.db``. See
+    :func:`ninelives.runtime.open` for the keyword arguments.
     """
     from .runtime import open as _open
 

@@ -93,11 +93,28 @@ def _terminal_width() -> int:
     return max(columns - 2, 20)
 
 
+def _settings(args: argparse.Namespace) -> Any:
+    """The environment's settings, with ``--tools`` in place of ``NINELIVES_TOOLS``."""
+    from .settings import Settings, parse_tool_modules
+
+    settings = Settings.from_env()
+    tools = getattr(args, "tools", None)
+    if tools is not None:
+        settings = settings._replace(tool_modules=parse_tool_modules(tools))
+    return settings
+
+
 def _runtime(args: argparse.Namespace, *, create: bool = True, readonly: bool = False) -> Any:
     from .runtime import open as open_runtime
 
     log = None if getattr(args, "quiet", False) else _stderr
-    return open_runtime(args.db, create=create, readonly=readonly, log=log)
+    return open_runtime(
+        args.db, settings=_settings(args), create=create, readonly=readonly, log=log
+    )
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 # Characters that a terminal acts on instead of showing: C0 and C1 controls
@@ -219,10 +236,9 @@ _STDOUT_CLOSED = False
 def cmd_create(args: argparse.Namespace) -> int:
     from .runtime import check_queue, prepare
     from .runtime import open as open_runtime
-    from .settings import Settings
     from .tools.builtin import default_registry
 
-    settings = Settings.from_env()
+    settings = _settings(args)
     tools = default_registry(settings)
     # Id, plan and queue are checked before the database is opened: bad input
     # must not leave a new database file behind.
@@ -232,7 +248,7 @@ def cmd_create(args: argparse.Namespace) -> int:
         task = rt.create(args.task_id, plan, queue=queue)
     where = f" in queue {queue!r}" if queue else ""
     try:
-        _out(f"created task {task.id!r} with {len(task.steps)} steps{where}")
+        _out(f"created task {task.id!r} with {_plural(len(task.steps), 'step')}{where}")
         _flush()
     except OutputFailed as exc:
         # The task is stored: saying only "error" would invite a second create.
@@ -252,13 +268,19 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from .tools.builtin import default_registry
     from .worker import Worker, WorkerOptions
 
     options = WorkerOptions.from_env(
         args.db, queue=args.queue, concurrency=args.concurrency, lease=args.lease,
         heartbeat=args.heartbeat, poll=args.poll, grace=args.grace, drain=args.drain,
     )  # fmt: skip
-    return Worker(options, log=_stderr, step_log=None if args.quiet else _stderr).run()
+    settings = _settings(args)
+    worker = Worker(
+        options, settings=settings, tools=default_registry(settings), log=_stderr,
+        step_log=None if args.quiet else _stderr,
+    )  # fmt: skip
+    return worker.run()
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -268,10 +290,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_retry(args: argparse.Namespace) -> int:
+    with _runtime(args, create=False) as rt:
+        task = rt.retry(args.task_id, step=args.step)
+    print(f"task {task.id!r} is pending again: 'ninelives run {task.id}' resumes it")
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     with _runtime(args, readonly=True) as rt:
         task = rt.status(args.task_id)
-    if args.json or args.outputs or not _on_terminal():
+    if args.json or not _on_terminal():
         view = task.as_status()
         if args.outputs:
             for row, step in zip(view["steps"], task.steps, strict=True):
@@ -282,6 +311,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     for step in task.steps:
         tool = printable(step.tool)
         _out(f"  {step.idx:>3}  {tool:<16} {step.status.value:<8} attempts={step.attempts}")
+        if args.outputs and step.output is not None:
+            for key, value in step.output.items():
+                shown = json_line(value)
+                if len(shown) > 72:
+                    shown = shown[:71] + "…"
+                _out(printable(f"         {key}: {shown}"))
     return 0
 
 
@@ -328,6 +363,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_torture(args: argparse.Namespace) -> int:
     from .torture import torture
 
+    if args.tools is not None:
+        # The plan is checked here and run by child processes: both read the variable.
+        os.environ["NINELIVES_TOOLS"] = args.tools
     report = torture(
         args.plan,
         kills=args.kills,
@@ -405,7 +443,15 @@ def _run_args(p: argparse.ArgumentParser) -> None:
 def _status_args(p: argparse.ArgumentParser) -> None:
     _task_args(p)
     p.add_argument("--json", action="store_true", help="JSON even on a terminal")
-    p.add_argument("--outputs", action="store_true", help="JSON with each step's output")
+    p.add_argument("--outputs", action="store_true", help="also each done step's output")
+
+
+def _retry_args(p: argparse.ArgumentParser) -> None:
+    _task_args(p)
+    p.add_argument(
+        "--step", type=int, metavar="N",
+        help="refuse unless step N is the one that failed (a guard for scripts)",
+    )  # fmt: skip
 
 
 def _verify_args(p: argparse.ArgumentParser) -> None:
@@ -441,6 +487,10 @@ COMMANDS: dict[str, tuple[Handler, str, Callable[[argparse.ArgumentParser], None
         _worker_args,
     ),
     "run": (cmd_run, "recover, then run the task's pending steps until done", _run_args),
+    "retry": (
+        cmd_retry, "move a failed task back to pending, its failed step's attempts reset",
+        _retry_args,
+    ),
     "status": (cmd_status, "show the task and its steps", _status_args),
     "export": (cmd_export, "print the task's journal as JSON Lines", _task_args),
     "verify": (
@@ -457,7 +507,7 @@ def _command_in(argv: Sequence[str]) -> str | None:
     """The command argparse will dispatch ``argv`` to, or None if that is unclear."""
     tokens = iter(argv)
     for token in tokens:
-        if token == "--db":
+        if token in ("--db", "--tools"):
             next(tokens, None)
         elif not token.startswith("-"):
             return token if token in COMMANDS else None
@@ -482,6 +532,13 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         default=os.environ.get("NINELIVES_DB") or "state.db",
         help="SQLite file or postgresql:// URL (default: $NINELIVES_DB or state.db)",
     )
+    parser.add_argument(
+        "--tools",
+        default=None,
+        metavar="MODULES",
+        help="comma-separated modules whose tools create, run and worker load "
+        "(default: $NINELIVES_TOOLS)",
+    )
     parser.add_argument("--version", action="version", version=f"ninelives {__version__}")
     # An explicit prog spares argparse a help formatter on every start-up.
     sub = parser.add_subparsers(
@@ -494,6 +551,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
             continue
         p = sub.add_parser(name, help=help, description=help, formatter_class=_Formatter)
         p.add_argument("--db", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        p.add_argument("--tools", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         p.set_defaults(handler=handler)
         declare(p)
     return parser

@@ -8,6 +8,7 @@ the CLI maps each branch to one exit code in one place (``cli.EXIT_CODES``)::
     │   ├── PlanError              plan file missing, malformed or invalid
     │   ├── InvalidTaskId          an id that is not plain data
     │   └── TaskExists             create of an id that is already stored
+    │       └── PlanMismatch       submit of a stored id with a different plan
     ├── UnknownTask                no task with that id
     ├── TaskBusy                   another live runner holds the task
     │   └── LeaseLost              this runner's claim was taken over (fenced)
@@ -47,6 +48,11 @@ class InvalidTaskId(InputError):
 
 class TaskExists(InputError):
     """``create`` of a task id that is already stored; the original is untouched."""
+
+
+class PlanMismatch(TaskExists):
+    """``Runtime.submit`` of a stored task id with a different goal or steps;
+    the stored task is untouched."""
 
 
 class UnknownTask(NineLivesError):

@@ -51,6 +51,9 @@ class EventKind(str, Enum):
     STEP_ERROR = "step_error"
     TASK_DONE = "task_done"
     TASK_FAILED = "task_failed"
+    #: ``ninelives retry``: a failed task and its failed step back to ``pending``,
+    #: the step's attempts reset (data: ``reason`` of the failure it undoes).
+    TASK_RETRIED = "task_retried"
 
 
 class Step(NamedTuple):
@@ -105,12 +108,15 @@ class Task(NamedTuple):
     updated_at: float
     steps: tuple[Step, ...]
     lease_epoch: int = 0
+    #: The absolute folder recorded at create for its artifacts; None for tasks
+    #: written by the guide's code or older versions (the runner's settings decide).
+    artifacts: str | None = None
 
     @classmethod
     def from_row(cls, row: Sequence[Any], steps: tuple[Step, ...]) -> Task:
         """A task from a ``get_task`` row: ``(id, goal, status, created_at,
-        updated_at, lease_epoch)``, with its steps."""
-        task_id, goal, status, created_at, updated_at, lease_epoch = row
+        updated_at, lease_epoch, artifacts)``, with its steps."""
+        task_id, goal, status, created_at, updated_at, lease_epoch, artifacts = row
         try:
             task_status = TaskStatus(status)
         except ValueError as exc:
@@ -122,6 +128,7 @@ class Task(NamedTuple):
             created_at=created_at,
             updated_at=updated_at,
             lease_epoch=lease_epoch,
+            artifacts=artifacts,
             steps=steps,
         )
 

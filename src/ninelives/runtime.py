@@ -16,8 +16,17 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import crashpoints
-from .errors import CommitUnknown, InputError, InvalidTaskId, OutputRefused, PlanError, TaskFailed
-from .journal import clean_error, encode_output, storable
+from .errors import (
+    CommitUnknown,
+    InputError,
+    InvalidTaskId,
+    OutputRefused,
+    PlanError,
+    PlanMismatch,
+    TaskExists,
+    TaskFailed,
+)
+from .journal import clean_error, dumps, encode_output, storable
 from .models import Event, EventKind, Run, Step, StepStatus, Task, TaskStatus
 from .settings import Settings
 from .store import Store, open_store
@@ -29,6 +38,8 @@ if TYPE_CHECKING:
 # Patterns as text: re caches them compiled on first use (create), not at import.
 TASK_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
 _ELIDE = 60
+#: ``Settings.artifacts`` when nothing names a folder: a task's recorded folder wins over it.
+DEFAULT_ARTIFACTS = "artifacts"
 
 
 def check_task_id(task_id: str) -> str:
@@ -164,7 +175,50 @@ class Runtime:
         prepared = prepare(task_id, plan, self.tools)
         if queue is not None:
             check_queue(queue)
-        return self.store.create_task(task_id, prepared, queue=queue)
+        return self.store.create_task(
+            task_id, prepared, queue=queue, artifacts=os.path.abspath(self.settings.artifacts)
+        )
+
+    def submit(
+        self,
+        task_id: str,
+        plan: Plan | Mapping[str, Any] | str | os.PathLike[str],
+        *,
+        queue: str | None = None,
+    ) -> Task:
+        """Create the task, or return it if it already exists with the same plan.
+
+        Safe to call again after a crash or a restart: the second call returns
+        the stored task (done, failed or half-way), ready for :meth:`run`, which
+        resumes it. A task of that id with a different goal or steps raises
+        :class:`~ninelives.errors.PlanMismatch`, changing nothing.
+        """
+        prepared = prepare(task_id, plan, self.tools)
+        try:
+            return self.create(task_id, prepared, queue=queue)
+        except TaskExists:
+            pass
+        stored = self.store.get_task(task_id)
+        wanted = dumps([prepared.goal, [[s.tool, s.input] for s in prepared.steps]])
+        found = dumps([stored.goal, [[s.tool, s.input] for s in stored.steps]])
+        if wanted != found:
+            raise PlanMismatch(
+                f"task {task_id!r} already exists with a different plan; "
+                "use another task id, or the plan it was created with"
+            ) from None
+        return stored
+
+    def retry(self, task_id: str, *, step: int | None = None) -> Task:
+        """Move a failed task back to ``pending`` so that the next run tries again.
+
+        Its failed step goes back to ``pending`` with its attempts reset to 0,
+        journaled as ``task_retried`` in the same transaction; done steps keep
+        their outputs and are not run again. With ``step``, that must be the
+        failed step (a guard for scripts). Raises :class:`UnknownTask`,
+        :class:`~ninelives.errors.TaskBusy` while a live runner holds the task,
+        and :class:`~ninelives.errors.InputError` if it is not failed.
+        """
+        return self.store.retry_task(task_id, new_run_id(), step=step)
 
     def status(self, task_id: str) -> Task:
         """The task, its steps and their statuses; :class:`UnknownTask` if absent."""
@@ -188,6 +242,9 @@ class Runtime:
         :class:`~ninelives.errors.CommitUnknown` if a commit fails: then it stops
         without another write, and the next run recovers.
         """
+        if self.settings.artifacts != DEFAULT_ARTIFACTS:
+            # Checked before the claim, so a refusal leaves nothing journaled.
+            self._check_artifacts(self.store.get_task(task_id))
         # The claim transaction also starts the first pending step: with it, a
         # run costs exactly two commits per step, the floor of this design.
         run, task = self.store.begin_run(
@@ -229,14 +286,48 @@ class Runtime:
         if run.recovered:
             self._say(f"{task_id}: recovered step(s) {list(run.recovered)} left running")
         if task.status is TaskStatus.FAILED:
-            raise TaskFailed(f"task {task_id!r} has failed ({self._failure(task_id)}); "
-                             "it is not run again")  # fmt: skip
+            raise TaskFailed(
+                f"task {task_id!r} has failed ({self._failure(task_id)}); it is not run "
+                f"again until 'ninelives retry {task_id}' moves it back to pending"
+            )
         if task.status is TaskStatus.DONE:
             return task
         crashpoints.crash("after_recovery")
-        from .tools.effects import remove_orphans
+        from .tools.effects import _TASK_ARTIFACTS, remove_orphans
 
-        remove_orphans(self.settings.artifacts, task_id, log=self._log)
+        folder = self._artifacts_for(task)
+        remove_orphans(folder, task_id, log=self._log)
+        token = _TASK_ARTIFACTS.set(folder)
+        try:
+            return self._steps(run, task, stop)
+        finally:
+            _TASK_ARTIFACTS.reset(token)
+
+    def _artifacts_for(self, task: Task) -> str:
+        """The folder this task publishes to: the one recorded at create; the
+        settings' for tasks that recorded none (the guide's own, older versions)."""
+        if task.artifacts is None:
+            return self.settings.artifacts
+        if os.path.abspath(self.settings.artifacts) == task.artifacts:
+            return self.settings.artifacts  # the same folder, named as the caller names it
+        if self.settings.artifacts != DEFAULT_ARTIFACTS:
+            self._say(
+                f"{task.id}: WARNING: publishing to {task.artifacts}, the folder recorded at "
+                f"create, not to {self.settings.artifacts}"
+            )
+        return task.artifacts
+
+    def _check_artifacts(self, task: Task) -> None:
+        configured = os.path.abspath(self.settings.artifacts)
+        if task.artifacts is not None and task.artifacts != configured:
+            raise InputError(
+                f"task {task.id!r} publishes to {task.artifacts} (recorded at create), but this "
+                f"run was given {configured} (AGENT_ARTIFACTS or Settings.artifacts): an artifact "
+                "published there could be published a second time; unset it or give the same folder"
+            )
+
+    def _steps(self, run: Run, task: Task, stop: Callable[[], bool] | None) -> Task:
+        task_id = run.task_id
         started = run.started  # (idx, attempt) committed running by the claim itself
         pending = [
             s
@@ -255,8 +346,9 @@ class Runtime:
                 if attempt is None:
                     return self.store.get_task(task_id)  # asked to stop; nothing running
                 result = self._attempt(run, step, tool, ctx, attempt)
-                if result is None:
-                    continue  # a step_error was recorded: try again
+                if result is None:  # a step_error was recorded: wait, then try again
+                    _back_off(self.settings.retry_delay(attempt), stop)
+                    continue
                 self._record(run, step, *result, last=step is pending[-1])
                 ctx[step.idx] = result[0]
                 break
@@ -334,8 +426,17 @@ class Runtime:
             self._log(line)
 
 
+def _back_off(delay: float, stop: Callable[[], bool] | None) -> None:
+    """Wait ``delay`` seconds before a failed step's next attempt; return early on ``stop``."""
+    deadline = time.monotonic() + delay
+    while (left := deadline - time.monotonic()) > 0:
+        if stop is not None and stop():
+            return
+        time.sleep(min(left, 0.1))
+
+
 def open(
-    url: str = "state.db",
+    url: str | None = None,
     *,
     settings: Settings | None = None,
     tools: Registry | None = None,
@@ -345,12 +446,17 @@ def open(
 ) -> Runtime:
     """Open the database at ``url`` (a SQLite path or a ``postgresql://`` URL).
 
-    ``settings`` default to the ``AGENT_*`` environment; ``tools`` to the
-    built-in tools plus those of the ``ninelives.tools`` entry point group.
-    With ``create`` false a missing SQLite file is not created; with
-    ``readonly`` a SQLite file is only read (:func:`~ninelives.store.open_store`):
-    :meth:`Runtime.status` and :meth:`Runtime.export` work, running does not.
+    ``url`` defaults to ``$NINELIVES_DB``, else ``state.db``, as on the command
+    line. ``settings`` default to the environment (``AGENT_*``,
+    ``NINELIVES_*``); ``tools`` to the built-in tools plus those of the
+    ``ninelives.tools`` entry point group and of the modules in
+    ``settings.tool_modules`` (``NINELIVES_TOOLS``). With ``create`` false a
+    missing SQLite file is not created; with ``readonly`` a SQLite file is only
+    read (:func:`~ninelives.store.open_store`): :meth:`Runtime.status` and
+    :meth:`Runtime.export` work, running does not.
     """
+    if url is None:
+        url = os.environ.get("NINELIVES_DB") or "state.db"
     settings = settings if settings is not None else Settings.from_env()
     store = open_store(url, create=create, readonly=readonly)
     return Runtime(store, settings=settings, tools=tools, log=log)

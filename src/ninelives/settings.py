@@ -11,6 +11,9 @@ from .errors import InputError
 
 T = TypeVar("T", int, float)
 
+#: The longest wait between two attempts of a step, in seconds.
+BACKOFF_CAP = 10.0
+
 
 class Settings(NamedTuple):
     """Everything the runtime and the built-in tools read from the environment."""
@@ -28,6 +31,17 @@ class Settings(NamedTuple):
     max_recoveries: int = 5
     #: Largest step output stored, in bytes of JSON (``NINELIVES_MAX_OUTPUT``).
     max_output: int = 64 * 1024 * 1024
+    #: Seconds before a failed step's second attempt, doubled for each later one
+    #: and capped at :data:`BACKOFF_CAP`; 0 retries at once (``NINELIVES_BACKOFF``).
+    backoff: float = 0.5
+    #: Modules that register tools, imported by the tool registry (``NINELIVES_TOOLS``).
+    tool_modules: tuple[str, ...] = ()
+
+    def retry_delay(self, attempt: int) -> float:
+        """Seconds to wait after attempt number ``attempt`` (1-based) of a step failed."""
+        if self.backoff <= 0:
+            return 0.0
+        return float(min(self.backoff * 2 ** min(attempt - 1, 32), BACKOFF_CAP))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -60,7 +74,19 @@ class Settings(NamedTuple):
                 minimum=1024,
                 maximum=512 * 1024 * 1024,
             ),
+            backoff=_number(env, "NINELIVES_BACKOFF", 0.5, float, minimum=0, maximum=BACKOFF_CAP),
+            tool_modules=parse_tool_modules(env.get("NINELIVES_TOOLS", "")),
         )
+
+
+def parse_tool_modules(text: str) -> tuple[str, ...]:
+    """``"a.b, c"`` -> ``("a.b", "c")``: the comma-separated module names of
+    ``--tools`` and ``NINELIVES_TOOLS``; an :class:`InputError` for a bad name."""
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    for name in names:
+        if not all(piece.isidentifier() for piece in name.split(".")):
+            raise InputError(f"tool module {name!r} is not a module name (like 'mypkg.tools')")
+    return names
 
 
 def _number(

@@ -435,11 +435,17 @@ def torture(
     session = _Session(plan_path, folder, env, log, pause)
     session.say(f"seed {seed}, {kills} kill(s), {workers} worker(s), folder {folder}")
     started = time.monotonic()
-    if window is None:
-        span, commits = session.calibrate()
-        session.say(f"kill delays {span[0]:.3f}-{span[1]:.3f}s or after 1-{commits} commits")
-    else:
-        span, commits = window, 2 * _plan_steps(plan_path) + 3
+    try:
+        if window is None:
+            span, commits = session.calibrate()
+            session.say(f"kill delays {span[0]:.3f}-{span[1]:.3f}s or after 1-{commits} commits")
+        else:
+            span, commits = window, 2 * _plan_steps(plan_path) + 3
+    except BaseException:
+        # Nothing was tortured yet: a scratch folder of ours holds nothing to look at.
+        if scratch:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
     lanes = [
         _Lane(
             number=i,

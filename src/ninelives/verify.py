@@ -31,6 +31,7 @@ STEP_STATUS_AFTER: dict[str, StepStatus] = {
     EventKind.STEP_RECOVERED.value: StepStatus.PENDING,
     EventKind.STEP_ERROR.value: StepStatus.PENDING,
     EventKind.TASK_FAILED.value: StepStatus.FAILED,
+    EventKind.TASK_RETRIED.value: StepStatus.PENDING,
 }
 
 #: Events after which the task has ended; nothing moves it out of these states.
@@ -121,6 +122,8 @@ def check_task(
                     [event.seq],
                 )
                 continue
+        if event.kind == EventKind.TASK_RETRIED.value:
+            starts.pop(idx, None)  # a retry resets the step's attempts to 0
         if event.kind == EventKind.STEP_STARTED.value:
             starts.setdefault(idx, []).append(event.seq)
             open_start[idx] = event.seq
@@ -174,7 +177,9 @@ def check_task(
         undone = [s.idx for s in task.steps if s.status is not StepStatus.DONE]
         if undone:
             add("task_status", f"task is done but steps {undone} are not")
-    ends = [e.seq for e in events if e.kind in TASK_END_STATUS]
+    retried = [e.seq for e in events if e.kind == EventKind.TASK_RETRIED.value]
+    since = retried[-1] if retried else -1  # a retried task may end once more after it
+    ends = [e.seq for e in events if e.kind in TASK_END_STATUS and e.seq > since]
     if len(ends) > 1:
         add("task_end", f"{len(ends)} task_done/task_failed events", ends)
     if limits is not None:
@@ -212,8 +217,11 @@ def _past_limits(
 def _task_status_from(events: Sequence[Event]) -> tuple[TaskStatus, int | None]:
     status, seq = TaskStatus.PENDING, None
     for event in events:
+        if event.kind == EventKind.TASK_RETRIED.value:
+            status, seq = TaskStatus.PENDING, event.seq
+            continue
         if status in (TaskStatus.DONE, TaskStatus.FAILED):
-            break
+            continue  # only a retry moves an ended task on
         if event.kind in TASK_END_STATUS:
             status, seq = TASK_END_STATUS[event.kind], event.seq
         elif event.kind == EventKind.RUN_STARTED.value or event.kind in _STEP_KINDS:

@@ -34,12 +34,16 @@ class Store(Protocol):
 
     url: str
 
-    def create_task(self, task_id: str, plan: Plan, *, queue: str | None = None) -> Task:
+    def create_task(
+        self, task_id: str, plan: Plan, *, queue: str | None = None, artifacts: str | None = None
+    ) -> Task:
         """Store the task, all its steps and ``task_created`` in one transaction.
 
         With ``queue``, workers of that queue find and run the task; without it
-        only ``run`` does. Raises :class:`~ninelives.errors.TaskExists`
-        (changing nothing) if the id is taken.
+        only ``run`` does. ``artifacts`` (an absolute folder) is recorded with the
+        task and read back as ``Task.artifacts``; every run publishes there.
+        Raises :class:`~ninelives.errors.TaskExists` (changing nothing) if the id
+        is taken.
         """
         ...
 
@@ -149,6 +153,19 @@ class Store(Protocol):
         """Release the runner's hold on the task (lock or lease). Idempotent; never raises."""
         ...
 
+    def retry_task(self, task_id: str, run_id: str, *, step: int | None = None) -> Task:
+        """Move a ``failed`` task back to ``pending``, and its failed step too with
+        attempts reset to 0, journaling ``task_retried`` in the same transaction.
+
+        Takes the task as a runner would (the kernel lock, or a free lease) for
+        the moment of the transaction and increments the lease epoch, so no
+        earlier runner can commit to it afterwards. Raises
+        :class:`~ninelives.errors.TaskBusy` at once while a live runner holds
+        it, :class:`UnknownTask` if absent, and :class:`InputError` (changing
+        nothing) if it is not failed or ``step`` is not its failed step.
+        """
+        ...
+
     def events(self, task_id: str) -> list[Event]:
         """The task's journal in ``seq`` order (empty for an unknown task)."""
         ...
@@ -156,6 +173,21 @@ class Store(Protocol):
     def close(self) -> None:
         """Release every resource; idempotent."""
         ...
+
+
+def retry_target(task: Task, step: int | None) -> int:
+    """The index of the step that :meth:`Store.retry_task` puts back to ``pending``,
+    or :class:`InputError` when the task cannot be retried as asked."""
+    from ..models import StepStatus, TaskStatus
+
+    failed = [s.idx for s in task.steps if s.status is StepStatus.FAILED]
+    if task.status is not TaskStatus.FAILED or not failed:
+        raise InputError(
+            f"task {task.id!r} is {task.status.value}, not failed: only a failed task is retried"
+        )
+    if step is not None and step != failed[0]:
+        raise InputError(f"step {step} of task {task.id!r} has not failed (step {failed[0]} has)")
+    return failed[0]
 
 
 class MissingStore:
@@ -179,6 +211,9 @@ class MissingStore:
 
     def task_ids(self) -> list[str]:
         return []
+
+    def retry_task(self, task_id: str, run_id: str, *, step: int | None = None) -> Task:
+        raise self._unknown(task_id)
 
     def events(self, task_id: str) -> list[Event]:
         return []

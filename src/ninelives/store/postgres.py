@@ -58,6 +58,7 @@ from . import (
     fencing_disabled,
     heartbeat_disabled,
     recovery_limit_reason,
+    retry_target,
     sql,
     task_exists,
 )
@@ -451,7 +452,9 @@ class PostgresStore:
 
     # -- the Store protocol -------------------------------------------------
 
-    def create_task(self, task_id: str, plan: Plan, *, queue: str | None = None) -> Task:
+    def create_task(
+        self, task_id: str, plan: Plan, *, queue: str | None = None, artifacts: str | None = None
+    ) -> Task:
         run_id = os.urandom(16).hex()
         try:
             with self._write() as conn:
@@ -459,7 +462,10 @@ class PostgresStore:
                 taken = conn.execute(Q["task_id_taken"], {"id": task_id}).fetchone()
                 if taken is not None:
                     raise task_exists(task_id, taken[0])
-                conn.execute(Q["insert_task"], {"id": task_id, "goal": plan.goal, "queue": queue})
+                conn.execute(
+                    Q["insert_task"],
+                    {"id": task_id, "goal": plan.goal, "queue": queue, "artifacts": artifacts},
+                )
                 with conn.cursor() as cur:
                     cur.executemany(
                         Q["insert_step"],
@@ -718,6 +724,30 @@ class PostgresStore:
         with self._read() as conn:
             row = conn.execute(Q["unfinished"], {"queue": queue, "skip": list(skip)}).fetchone()
         return int(row[0]) if row else 0
+
+    def retry_task(self, task_id: str, run_id: str, *, step: int | None = None) -> Task:
+        with self._write() as conn:
+            conn.execute(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
+            row = conn.execute(Q["lease_state"], {"id": task_id}).fetchone()
+            if row is None:
+                raise UnknownTask(f"unknown task {task_id!r}")
+            held, live = row
+            if live:
+                # As in begin_run: a live lease whose holder's session is gone is free.
+                if not _scalar(conn, Q["holder_lock"], {"id": task_id, "epoch": held}):
+                    raise TaskBusy(
+                        f"task {task_id!r} is being run by another live process (its lease is held)"
+                    )
+                conn.execute(Q["holder_unlock"], {"id": task_id, "epoch": held})
+            task = self._load(conn, task_id)
+            idx = retry_target(task, step)
+            conn.execute(Q["retry_task"], {"id": task_id})
+            conn.execute(Q["retry_step"], {"id": task_id, "idx": idx})
+            self._event(
+                conn, task_id, run_id, EventKind.TASK_RETRIED, idx,
+                {"attempts": task.steps[idx].attempts},
+            )  # fmt: skip
+        return self.get_task(task_id)
 
     def events(self, task_id: str) -> list[Event]:
         with self._read() as conn:

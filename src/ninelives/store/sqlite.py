@@ -18,11 +18,19 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from .. import crashpoints
-from ..errors import CommitUnknown, LeaseLost, StoreError, TaskBusy, TaskExists, UnknownTask
+from ..errors import (
+    CommitUnknown,
+    InputError,
+    LeaseLost,
+    StoreError,
+    TaskBusy,
+    TaskExists,
+    UnknownTask,
+)
 from ..journal import dumps
-from ..locking import TaskLock
+from ..locking import TaskLock, lock_path
 from ..models import Event, EventKind, Run, Step, Task, TaskStatus
-from . import fencing_disabled, recovery_limit_reason, sql, task_exists
+from . import fencing_disabled, recovery_limit_reason, retry_target, sql, task_exists
 from .sqlite_files import (
     CONTRACT_TABLES,
     check_file,
@@ -261,7 +269,9 @@ class SQLiteStore:
 
     # -- the Store protocol -------------------------------------------------
 
-    def create_task(self, task_id: str, plan: Plan, *, queue: str | None = None) -> Task:
+    def create_task(
+        self, task_id: str, plan: Plan, *, queue: str | None = None, artifacts: str | None = None
+    ) -> Task:
         now = time.time()
         run_id = os.urandom(16).hex()
         try:
@@ -270,8 +280,10 @@ class SQLiteStore:
                 if taken is not None:
                     raise task_exists(task_id, taken[0])
                 conn.execute(
-                    Q["insert_task"], {"id": task_id, "goal": plan.goal, "now": now, "queue": queue}
-                )
+                    Q["insert_task"],
+                    {"id": task_id, "goal": plan.goal, "now": now, "queue": queue,
+                     "artifacts": artifacts},
+                )  # fmt: skip
                 conn.executemany(
                     Q["insert_step"],
                     [
@@ -373,6 +385,16 @@ class SQLiteStore:
                 return claimed
             if len(page) < CLAIM_PAGE:
                 return None
+
+    def _held(self, task_id: str) -> bool:
+        """Whether a live process holds the task's lock; creates no lock file."""
+        if not os.path.exists(lock_path(self.path, task_id)):
+            return False
+        try:
+            self._lock(task_id).release()
+        except TaskBusy:
+            return True
+        return False
 
     def _lock(self, task_id: str) -> TaskLock:
         lock = TaskLock(self.path, task_id)
@@ -551,6 +573,31 @@ class SQLiteStore:
         lock = self._locks.pop(run.run_id, None)
         if lock is not None:
             lock.release()
+
+    def retry_task(self, task_id: str, run_id: str, *, step: int | None = None) -> Task:
+        with self._read() as conn:  # refusals before any lock file is made
+            found = self._load(conn, task_id)
+        try:
+            retry_target(found, step)
+        except InputError:
+            if self._held(task_id):
+                raise TaskBusy(f"task {task_id!r} is being run by another process") from None
+            raise
+        lock = self._lock(task_id)  # TaskBusy at once while a runner holds it
+        try:
+            now = time.time()
+            with self._write() as conn:
+                task = self._load(conn, task_id)
+                idx = retry_target(task, step)
+                conn.execute(Q["retry_task"], {"id": task_id, "now": now})
+                conn.execute(Q["retry_step"], {"id": task_id, "idx": idx})
+                attempts = task.steps[idx].attempts
+                self._event(
+                    conn, task_id, run_id, EventKind.TASK_RETRIED, idx, {"attempts": attempts}, now
+                )
+        finally:
+            lock.release()
+        return self.get_task(task_id)
 
     def events(self, task_id: str) -> list[Event]:
         with self._read() as conn:

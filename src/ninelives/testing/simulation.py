@@ -336,7 +336,10 @@ def run_seed(seed: int, folder: str, config: SimConfig | None = None) -> SeedRes
     rate = plan_rng.choice((0.0, config.tool_failure_rate, 5 * config.tool_failure_rate))
     flaky = dataclasses.replace(config, tool_failure_rate=rate)
     tools = sim_registry(world, random.Random(f"{seed}:tools"), flaky, artifacts)
-    settings = Settings(max_attempts=config.max_attempts, artifacts=artifacts, workspace=where)
+    # No wait between attempts: the simulation's clock is fake, a real sleep only slows it.
+    settings = Settings(
+        max_attempts=config.max_attempts, artifacts=artifacts, workspace=where, backoff=0.0
+    )
     created = False
     if plan_rng.random() < config.legacy_rate:
         pure = next(

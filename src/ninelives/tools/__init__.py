@@ -8,8 +8,11 @@ at-least-once: a tool with an outside effect must make it idempotent by
 ``idem_key`` (see :func:`ninelives.tools.effects.publish_once`).
 
 Custom tools come from other packages through the ``ninelives.tools`` entry
-point group (``name = "package.module:tool"``), or are registered in code with
-:meth:`Registry.register`.
+point group (``name = "package.module:tool"``), are registered in code with
+:meth:`Registry.register`, or are declared in a module with the :func:`tool`
+decorator (or a ``register(registry)`` function in it) and loaded by naming the
+module in ``--tools`` / ``NINELIVES_TOOLS`` (:func:`load_tool_modules`), so that
+``create``, ``run`` and ``worker`` processes all see them.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import PlanError
+from ..errors import InputError, PlanError
 
 ToolFn = Callable[[Mapping[str, Any], Mapping[int, Any], str], Mapping[str, Any]]
 Validator = Callable[[Mapping[str, Any]], None]
@@ -65,6 +68,11 @@ class Registry:
         self._tools[name] = Tool(name=name, fn=fn, validate=validate)
         return self._tools[name]
 
+    def add(self, tool: Tool) -> Tool:
+        """Register ``tool`` under its own name (replacing one of that name); return it."""
+        self._tools[tool.name] = tool
+        return tool
+
     def lookup(self, name: str) -> Tool:
         """The tool called ``name``; :class:`PlanError` if no tool has that name."""
         tool = self._tools.get(name)
@@ -91,3 +99,68 @@ class Registry:
                 self._tools[name] = tool
                 return tool
         return None
+
+
+#: Tools declared with :func:`tool`, by the module that declared them.
+_DECLARED: dict[str, dict[str, Tool]] = {}
+
+
+def tool(
+    name: str | None = None, *, validate: Validator | None = None
+) -> Callable[[ToolFn], ToolFn]:
+    """Declare the decorated function as tool ``name`` (default: its own name).
+
+    Declaring registers nothing by itself: a registry gets the tools of a module
+    when the module is named in ``--tools`` or ``NINELIVES_TOOLS``
+    (:func:`load_tool_modules`)::
+
+        # mypkg/tools.py; run with: ninelives --tools mypkg.tools run TASK
+        from ninelives.tools import tool
+
+        @tool("shout")
+        def shout(step_input, ctx, idem_key):
+            return {"text": ctx[step_input["from"]]["summary"].upper()}
+    """
+
+    def decorator(fn: ToolFn) -> ToolFn:
+        declared = name or str(getattr(fn, "__name__", ""))
+        module = getattr(fn, "__module__", "") or ""
+        _DECLARED.setdefault(module, {})[declared] = Tool(name=declared, fn=fn, validate=validate)
+        return fn
+
+    return decorator
+
+
+def load_tool_modules(registry: Registry, modules: Iterable[str]) -> Registry:
+    """Import each module and add its tools to ``registry``; return ``registry``.
+
+    A module's tools are those it (or a module inside its package) declared
+    with :func:`tool`, and whatever its ``register(registry)`` function, if it
+    has one, registers. Modules are found on ``sys.path`` and then in the working
+    directory. A module that cannot be imported is an
+    :class:`~ninelives.errors.InputError` naming it.
+    """
+    import importlib
+    import os
+    import sys
+
+    # As `python -m` would: a module file in the working directory is found too
+    # (after installed packages, which keep precedence).
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.append(here)
+    for module_name in modules:
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:
+            raise InputError(
+                f"cannot load tools from module {module_name!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+        for declared_in, tools in list(_DECLARED.items()):
+            if declared_in == module_name or declared_in.startswith(module_name + "."):
+                for declared in tools.values():
+                    registry.add(declared)
+        register = getattr(module, "register", None)
+        if callable(register):
+            register(registry)
+    return registry

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..errors import PlanError, ToolError
 from ..settings import Settings
-from . import Registry, Tool, effects, files
+from . import Registry, Tool, effects, files, load_tool_modules
 
 
 def _need_from(step_input: Mapping[str, Any]) -> None:
@@ -149,7 +149,8 @@ def make_write_artifact(settings: Settings) -> Tool:
     """``write_artifact {"from"}`` -> ``{"path", "deduplicated", "sha256", "bytes"}``.
 
     Publishes the summary as ``<artifacts>/<idem_key>.md`` exactly once in
-    outcome, or with ``AGENT_UNSAFE_EFFECTS=1`` appends it to ``report.log``.
+    outcome (the folder recorded with the task, else ``settings.artifacts``), or
+    with ``AGENT_UNSAFE_EFFECTS=1`` appends it to ``report.log``.
     """
 
     def write_artifact(step_input: Mapping[str, Any], ctx: Mapping[int, Any], idem_key: str) -> Any:
@@ -157,12 +158,13 @@ def make_write_artifact(settings: Settings) -> Tool:
         summary = source.get("summary", source.get("text"))
         if not isinstance(summary, str):
             raise ToolError(f"step {step_input['from']} output has no summary to write")
+        folder = effects.artifacts_folder(settings.artifacts)
         if settings.unsafe_effects:
-            path = os.path.join(settings.artifacts, "report.log")
+            path = os.path.join(folder, "report.log")
             effects.append_unsafe(path, (summary + "\n---\n").encode())
             return {"path": path, "deduplicated": False}
         published = effects.publish_once(
-            settings.artifacts, f"{idem_key}.md", summary.encode(), step=_step_of(idem_key)
+            folder, f"{idem_key}.md", summary.encode(), step=_step_of(idem_key)
         )
         return {
             "path": published.path,
@@ -175,5 +177,11 @@ def make_write_artifact(settings: Settings) -> Tool:
 
 
 def default_registry(settings: Settings) -> Registry:
-    """The built-in tools configured by ``settings``, plus entry-point tools on demand."""
-    return Registry([make_fetch(settings), make_summarize(settings), make_write_artifact(settings)])
+    """The built-in tools configured by ``settings``, plus entry-point tools on demand,
+    plus the tools of the modules in ``settings.tool_modules`` (``NINELIVES_TOOLS``)."""
+    registry = Registry(
+        [make_fetch(settings), make_summarize(settings), make_write_artifact(settings)]
+    )
+    if settings.tool_modules:
+        load_tool_modules(registry, settings.tool_modules)
+    return registry

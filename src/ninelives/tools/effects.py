@@ -18,6 +18,7 @@ import errno
 import os
 import re
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from .. import crashpoints
@@ -28,6 +29,27 @@ _OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "
 #: Errors that say the storage is failing or full: retrying the step in this
 #: process would only use up its attempts.
 _STORAGE_ERRNOS = frozenset({errno.EIO, errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+
+
+#: The artifacts folder of the task being run, set by the runtime around its steps.
+_TASK_ARTIFACTS: ContextVar[str | None] = ContextVar("ninelives_task_artifacts", default=None)
+
+
+def artifacts_folder(default: str | None = None) -> str:
+    """The folder the current step's task publishes to.
+
+    Inside a step this is the folder recorded with the task at ``create``
+    (the same for every run of it, whatever the working directory or
+    ``AGENT_ARTIFACTS`` of the process that resumes it); outside a step, or for
+    a task that recorded none, ``default``, else ``AGENT_ARTIFACTS``, else
+    ``artifacts``. Tools that publish files should put them here.
+    """
+    folder = _TASK_ARTIFACTS.get()
+    if folder is not None:
+        return folder
+    if default is not None:
+        return default
+    return os.environ.get("AGENT_ARTIFACTS") or "artifacts"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ninelives.errors import ToolError
-from ninelives.tools.effects import publish_once
+from ninelives.tools.effects import artifacts_folder, publish_once
 
 
 def shout(step_input: Mapping[str, Any], ctx: Mapping[int, Any], idem_key: str) -> dict[str, Any]:
@@ -25,7 +25,7 @@ def shout(step_input: Mapping[str, Any], ctx: Mapping[int, Any], idem_key: str) 
     if not isinstance(text, str):
         raise ToolError(f"step {step_input.get('from')} has no summary to shout")
     data = text.upper().encode()
-    folder = os.environ.get("AGENT_ARTIFACTS") or "artifacts"
+    folder = artifacts_folder()  # the task's own folder, recorded when it was created
     if os.environ.get("SHOUT_UNSAFE") == "1":
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, "shout.log"), "ab") as log:

@@ -4,7 +4,8 @@
 -- (ninelives_now()), and a claim is a lease with an expiry, not a kernel lock.
 
 -- name: get_task
-SELECT id, goal, status, created_at, updated_at, lease_epoch FROM tasks WHERE id = %(id)s;
+SELECT id, goal, status, created_at, updated_at, lease_epoch, artifacts FROM tasks
+WHERE id = %(id)s;
 
 -- name: get_steps
 SELECT idx, tool, input, status, output, attempts FROM steps WHERE task_id = %(id)s ORDER BY idx;
@@ -25,8 +26,9 @@ SELECT id FROM tasks WHERE lower(id) = lower(%(id)s) LIMIT 1;
 SELECT id FROM tasks ORDER BY created_at, id;
 
 -- name: insert_task
-INSERT INTO tasks (id, goal, status, created_at, updated_at, queue)
-SELECT %(id)s, %(goal)s, 'pending', n.t, n.t, %(queue)s FROM (SELECT ninelives_now() AS t) AS n;
+INSERT INTO tasks (id, goal, status, created_at, updated_at, queue, artifacts)
+SELECT %(id)s, %(goal)s, 'pending', n.t, n.t, %(queue)s, %(artifacts)s
+FROM (SELECT ninelives_now() AS t) AS n;
 
 -- name: insert_step
 INSERT INTO steps (task_id, idx, tool, input, status, attempts)
@@ -203,3 +205,15 @@ VALUES (%(version)s, %(name)s, extract(epoch FROM clock_timestamp()));
 -- name: migration_lock
 -- One migrator at a time per database; released at commit.
 SELECT pg_advisory_xact_lock(hashtextextended('ninelives-schema', 0));
+
+-- name: retry_task
+-- A failed task back to pending under a new epoch, so that no runner from
+-- before the retry can commit to it again; its lease is free for the next claim.
+UPDATE tasks
+SET status = 'pending', lease_epoch = lease_epoch + 1, lease_owner = NULL,
+    lease_expires_at = NULL, updated_at = ninelives_now()
+WHERE id = %(id)s AND status = 'failed';
+
+-- name: retry_step
+UPDATE steps SET status = 'pending', attempts = 0
+WHERE task_id = %(id)s AND idx = %(idx)s AND status = 'failed';

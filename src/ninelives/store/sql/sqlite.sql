@@ -2,7 +2,8 @@
 -- postgres.sql has the same names, so a diff shows where the dialects differ.
 
 -- name: get_task
-SELECT id, goal, status, created_at, updated_at, lease_epoch FROM tasks WHERE id = :id;
+SELECT id, goal, status, created_at, updated_at, lease_epoch, artifacts FROM tasks
+WHERE id = :id;
 
 -- name: get_steps
 SELECT idx, tool, input, status, output, attempts FROM steps WHERE task_id = :id ORDER BY idx;
@@ -17,8 +18,8 @@ SELECT id FROM tasks WHERE lower(id) = lower(:id) LIMIT 1;
 SELECT id FROM tasks ORDER BY created_at, id;
 
 -- name: insert_task
-INSERT INTO tasks (id, goal, status, created_at, updated_at, queue)
-VALUES (:id, :goal, 'pending', :now, :now, :queue);
+INSERT INTO tasks (id, goal, status, created_at, updated_at, queue, artifacts)
+VALUES (:id, :goal, 'pending', :now, :now, :queue, :artifacts);
 
 -- name: insert_step
 INSERT INTO steps (task_id, idx, tool, input, status, attempts)
@@ -115,3 +116,12 @@ SELECT name FROM pragma_table_info('tasks');
 -- name: get_task_unleased
 -- SQLite only, read-only commands on a schema older than 0002 (no lease_epoch).
 SELECT id, goal, status, created_at, updated_at, 0 FROM tasks WHERE id = :id;
+-- name: retry_task
+-- A failed task back to pending under a new epoch, so that no runner from
+-- before the retry can commit to it again.
+UPDATE tasks SET status = 'pending', lease_epoch = lease_epoch + 1, updated_at = :now
+WHERE id = :id AND status = 'failed';
+
+-- name: retry_step
+UPDATE steps SET status = 'pending', attempts = 0
+WHERE task_id = :id AND idx = :idx AND status = 'failed';

@@ -1,0 +1,138 @@
+"""The library and the command agree: the database (``NINELIVES_DB``), the folder a
+task publishes to (recorded at create), and ``Runtime.submit`` (create or resume)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from ninelives.testing import Lab
+
+CREATE_AND_RUN = """
+import os, sys
+import ninelives
+from ninelives.settings import Settings
+
+settings = Settings.from_env()._replace(artifacts="out")
+with ninelives.open(sys.argv[1], settings=settings) as rt:
+    rt.submit("t", "plan.json")
+    print(rt.run("t").status.value)
+"""
+
+
+def _db(lab: Lab) -> str:
+    """The lab's database as any working directory can name it."""
+    return str(lab.sqlite_path) if lab.sqlite_path is not None else lab.db
+
+
+def _python(
+    lab: Lab, code: str, *args: str, cwd: Path | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        cwd=cwd or lab.root,
+        env=lab.env(env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_a_library_task_resumed_by_the_command_publishes_where_it_began(lab: Lab) -> None:
+    """Created and killed through the library (artifacts in out/), resumed by the
+    command from another folder without AGENT_ARTIFACTS: the resumed step finds the
+    copy the killed attempt published, instead of publishing a second one."""
+    lab.guide_setup()
+    killed = _python(lab, CREATE_AND_RUN, _db(lab), AGENT_CRASH_AT="after_effect:2")
+    assert killed.returncode == -9, killed.stderr
+    published = lab.root / "out" / "t-2.md"
+    assert published.is_file()
+    elsewhere = lab.root / "elsewhere"
+    elsewhere.mkdir()
+    resumed = subprocess.run(
+        [*lab.command, "--db", _db(lab), "run", "t"],
+        cwd=elsewhere, env=lab.env(), capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    output = lab.snapshot("t").outputs[2]
+    assert output["deduplicated"] is True
+    assert Path(output["path"]).resolve() == published.resolve()
+    assert sorted(p.name for p in published.parent.iterdir()) == ["t-2.md"]
+    assert not (elsewhere / "artifacts").exists()
+    assert not (lab.root / "artifacts").exists()
+    assert lab.cli("verify", "t", "--artifacts", "out").returncode == 0
+
+
+def test_a_run_given_another_artifacts_folder_is_refused(lab: Lab) -> None:
+    lab.guide_setup()
+    assert lab.cli("create", "t", "plan.json").returncode == 0  # records <lab>/artifacts
+    before = lab.fingerprint("t")
+    refused = lab.cli("run", "t", AGENT_ARTIFACTS="other")
+    assert refused.returncode == 4
+    assert "recorded at create" in refused.stderr
+    assert refused.stderr.count("\n") == 1
+    assert lab.fingerprint("t") == before
+    same = lab.cli("run", "t", AGENT_ARTIFACTS=str(lab.root / "artifacts"))  # the same folder
+    assert same.returncode == 0, same.stderr
+    assert sorted(lab.artifacts()) == ["t-2.md"]
+
+
+def test_ninelives_open_reads_ninelives_db(lab: Lab) -> None:
+    lab.guide_setup()
+    code = """
+    import ninelives
+    with ninelives.open() as rt:
+        rt.create("t", "../plan.json")
+    """
+    sub = lab.root / "sub"
+    sub.mkdir()
+    (sub / "input").symlink_to(lab.root / "input")
+    made = _python(lab, code, cwd=sub, NINELIVES_DB=_db(lab))
+    assert made.returncode == 0, made.stderr
+    assert not (sub / "state.db").exists()
+    assert lab.cli("status", "t").json()["status"] == "pending"
+
+
+SUBMIT = """
+import sys
+import ninelives
+with ninelives.open(sys.argv[1]) as rt:
+    task = rt.submit("t", sys.argv[2])
+    print("submitted", task.status.value)
+    print(rt.run("t").status.value)
+"""
+
+
+def test_submit_creates_then_resumes_and_refuses_another_plan(lab: Lab) -> None:
+    lab.guide_setup()
+    killed = _python(lab, SUBMIT, _db(lab), "plan.json", AGENT_CRASH_AT="after_commit:1")
+    assert killed.returncode == -9
+    resumed = _python(lab, SUBMIT, _db(lab), "plan.json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.split() == ["submitted", "running", "done"]
+    again = _python(lab, SUBMIT, _db(lab), "plan.json")  # a finished task is returned as is
+    assert again.stdout.split() == ["submitted", "done", "done"]
+    lab.write_plan(
+        {"goal": "another", "steps": [{"tool": "fetch", "input": {"path": "x"}}]}, "b.json"
+    )
+    before = lab.fingerprint("t")
+    other = _python(lab, SUBMIT, _db(lab), "b.json")
+    assert other.returncode == 1
+    assert "PlanMismatch: task 't' already exists with a different plan" in other.stderr
+    assert lab.fingerprint("t") == before
+    assert lab.snapshot("t").status["steps"][1]["attempts"] == 1  # nothing re-ran
+
+
+def test_a_worker_given_another_folder_publishes_where_the_task_began(lab: Lab) -> None:
+    """A worker cannot refuse a task it has claimed: it says so and publishes to the
+    folder recorded at create, never silently to the one it was given."""
+    lab.guide_setup()
+    assert lab.cli("submit", "t", "plan.json").returncode == 0
+    worker = lab.cli("worker", "--drain", "--poll", "0.1", AGENT_ARTIFACTS="other")
+    assert worker.returncode == 0, worker.stderr
+    assert f"WARNING: publishing to {lab.root / 'artifacts'}" in worker.stderr
+    assert sorted(lab.artifacts()) == ["t-2.md"]
+    assert not (lab.root / "other").exists()

@@ -1,0 +1,161 @@
+"""Every command and program in README.md, run as written in a fresh folder.
+
+``sh`` and ``console`` blocks run in one bash process, in README order, with the
+installed ``ninelives`` first on the PATH and no ``AGENT_*``/``NINELIVES_DB``
+from the parent; ``python`` blocks run as scripts in a folder holding the quick
+start's ``plan.json`` and ``input/notes.txt``; ``json`` blocks must be valid plans.
+A few blocks run elsewhere, each listed in :data:`ELSEWHERE` with where; a
+block that is neither run here nor listed fails the test, so a new README
+block is tested from the day it is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ninelives.plan import plan_from_dict, validate
+from ninelives.settings import Settings
+from ninelives.tools.builtin import default_registry
+from readme_blocks import Block, blocks, run_shell
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+
+#: Blocks run by something other than this test, by their first line.
+ELSEWHERE = {
+    "make demo   # create a task, SIGKILL it mid-step, resume it, print its journal and its one "
+    "artifact": "make test runs make demo in a fresh copy (scripts/check-install.sh)",
+    "pip install .                                    # in a checkout; the SQLite core has no "
+    "dependency": "make test builds the wheel and installs it in a fresh virtualenv",
+    "pip install '.[postgres]'         # in a checkout: psycopg 3, imported only by this backend": (
+        "the suite's own PostgreSQL cluster (tests/pgcluster.py) stands in for this server"
+    ),
+}
+#: Data shown, not run: schema sketches, configuration fragments, diagrams.
+DATA_LANGS = {"sql", "toml", ""}
+POSTGRES_FIRST_LINE = "export NINELIVES_DB=postgresql://localhost/ninelives"
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("AGENT_") and k not in ("NINELIVES_DB", "NINELIVES_TOOLS")
+    }
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["HOME"] = str(tmp)
+    return env
+
+
+def _all() -> list[Block]:
+    return blocks(README)
+
+
+def _shell(postgres: bool) -> list[Block]:
+    chosen = []
+    for block in _all():
+        if block.lang not in ("sh", "console") or block.first in ELSEWHERE:
+            continue
+        if block.first.startswith(POSTGRES_FIRST_LINE) != postgres and not _makes_files(block):
+            continue
+        chosen.append(block)
+    return chosen
+
+
+def _makes_files(block: Block) -> bool:
+    return block.first.startswith("mkdir -p quickstart/input")
+
+
+def test_every_block_is_run_or_accounted_for() -> None:
+    found = _all()
+    run = {b.line for b in _shell(False)} | {b.line for b in _shell(True)}
+    for block in found:
+        handled = (
+            block.line in run
+            or block.first in ELSEWHERE
+            or block.lang in ("python", "json")
+            or block.lang in DATA_LANGS
+        )
+        assert handled, f"README.md line {block.line}: a {block.lang!r} block nothing runs"
+    assert set(ELSEWHERE) <= {b.first for b in found}, "ELSEWHERE names a block that is gone"
+
+
+def test_the_shell_blocks_work_as_written(tmp_path: Path) -> None:
+    outcome, problems = run_shell(_shell(False), tmp_path, _env(tmp_path))
+    assert problems == [], "\n".join(problems)
+    folder = tmp_path / "quickstart"
+    assert sorted(os.listdir(folder / "artifacts")) == ["demo-2.md"]
+    labels = [label for label, _, _ in outcome.steps]
+    assert any(label.startswith("AGENT_CRASH_AT=after_effect:2") for label in labels)
+
+
+@pytest.mark.postgres
+def test_the_postgresql_block_works_as_written(tmp_path: Path, pg_database: str) -> None:
+    parts = []
+    chosen = _shell(True)
+    assert [b.first.startswith(POSTGRES_FIRST_LINE) for b in chosen] == [False, True]
+    for block in chosen:
+        if block.first.startswith(POSTGRES_FIRST_LINE):
+            # The one change: the suite's server instead of the reader's own.
+            text = block.text.replace("postgresql://localhost/ninelives", pg_database, 1)
+            block = Block(lang=block.lang, text=text, line=block.line)
+        parts.append(block)
+    _, problems = run_shell(parts, tmp_path, _env(tmp_path))
+    assert problems == [], "\n".join(problems)
+
+
+def test_the_json_blocks_are_valid_plans() -> None:
+    tools = default_registry(Settings())
+    plans = [b for b in _all() if b.lang == "json"]
+    assert plans
+    for block in plans:
+        validate(plan_from_dict(json.loads(block.text)), tools.lookup)
+
+
+def _python_blocks() -> list[Block]:
+    return [b for b in _all() if b.lang == "python"]
+
+
+def _python(code: str, cwd: Path, tmp: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+    env = _env(tmp)
+    env.update(extra)
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+
+
+def _folder(tmp: Path, name: str) -> Path:
+    folder = tmp / name
+    shutil.copytree(ROOT / "examples" / "demo", folder)
+    return folder
+
+
+@pytest.mark.parametrize("index", range(len(_python_blocks())))
+def test_each_python_block_runs_as_written(index: int, tmp_path: Path) -> None:
+    block = _python_blocks()[index]
+    folder = _folder(tmp_path, "work")
+    first = _python(block.text, folder, tmp_path)
+    assert first.returncode == 0, f"README.md line {block.line}:\n{first.stderr}"
+    assert "Traceback" not in first.stderr
+    again = _python(block.text, folder, tmp_path)  # a second run must work too
+    assert again.returncode == 0, f"README.md line {block.line}, second run:\n{again.stderr}"
+
+
+def test_the_library_example_resumes_after_a_kill(tmp_path: Path) -> None:
+    block = next(b for b in _python_blocks() if 'rt.submit("demo"' in b.text)
+    folder = _folder(tmp_path, "killed")
+    killed = _python(block.text, folder, tmp_path, AGENT_CRASH_AT="after_effect:2")
+    assert killed.returncode == -9, killed.stderr
+    resumed = _python(block.text, folder, tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "'status': 'done'" in resumed.stdout
+    assert "step_recovered 2" in resumed.stdout
+    assert sorted(os.listdir(folder / "artifacts")) == ["demo-2.md"]
