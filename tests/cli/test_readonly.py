@@ -146,7 +146,7 @@ def schema_at(path: Path, version: int) -> None:
     conn.close()
 
 
-@pytest.mark.parametrize("version", [0, 1, 2, 3])
+@pytest.mark.parametrize("version", range(LATEST))
 def test_older_schemas_are_read_without_migrating(sqlite_lab: Lab, version: int) -> None:
     lab = sqlite_lab
     db = lab.root / "state.db"

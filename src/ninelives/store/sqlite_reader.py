@@ -182,7 +182,11 @@ class SQLiteReader:
             raise StoreError(
                 f"database schema version {version} is newer than this ninelives ({latest})"
             )
-        return (Q["get_task"] if "lease_epoch" in columns else Q["get_task_unleased"]), False
+        if "lease_epoch" not in columns:
+            return Q["get_task_unleased"], False
+        if "artifacts" not in columns:
+            return Q["get_task_unrecorded"], False
+        return Q["get_task"], False
 
     # -- reading ------------------------------------------------------------
 

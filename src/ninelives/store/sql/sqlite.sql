@@ -115,7 +115,11 @@ SELECT name FROM pragma_table_info('tasks');
 
 -- name: get_task_unleased
 -- SQLite only, read-only commands on a schema older than 0002 (no lease_epoch).
-SELECT id, goal, status, created_at, updated_at, 0 FROM tasks WHERE id = :id;
+SELECT id, goal, status, created_at, updated_at, 0, NULL FROM tasks WHERE id = :id;
+
+-- name: get_task_unrecorded
+-- SQLite only, read-only commands on a schema older than 0005 (no artifacts folder).
+SELECT id, goal, status, created_at, updated_at, lease_epoch, NULL FROM tasks WHERE id = :id;
 -- name: retry_task
 -- A failed task back to pending under a new epoch, so that no runner from
 -- before the retry can commit to it again.
