@@ -120,17 +120,24 @@ def plan_from_dict(raw: Any) -> Plan:
         if not isinstance(step_input, dict):
             raise PlanError(f"step {idx} input must be an object")
         if "from" in step_input:
-            ref = step_input["from"]
-            if not isinstance(ref, int) or isinstance(ref, bool):
-                raise PlanError(f"step {idx} 'from' must be a step index")
-            if not 0 <= ref < idx:
-                raise PlanError(
-                    f"step {idx} 'from' is {ref}: it must name an earlier step (0..{idx - 1})"
-                    if idx
-                    else "step 0 'from' must name an earlier step, and there is none"
-                )
+            _check_from(idx, step_input["from"])
         specs.append(StepSpec(tool=tool, input=step_input))
     return Plan(goal=goal, steps=tuple(specs))
+
+
+def _check_from(idx: int, ref: Any) -> None:
+    """``from`` names one earlier step, or a list of them (tools such as ``llm``
+    read several outputs)."""
+    refs = ref if isinstance(ref, list) else [ref]
+    for one in refs:
+        if not isinstance(one, int) or isinstance(one, bool):
+            raise PlanError(f"step {idx} 'from' must be a step index or a list of them")
+        if not 0 <= one < idx:
+            raise PlanError(
+                f"step {idx} 'from' is {one}: it must name an earlier step (0..{idx - 1})"
+                if idx
+                else "step 0 'from' must name an earlier step, and there is none"
+            )
 
 
 def load_plan(path: str | os.PathLike[str]) -> Plan:

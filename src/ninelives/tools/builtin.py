@@ -12,7 +12,8 @@ from . import Registry, Tool, effects
 
 
 def _need_from(step_input: Mapping[str, Any]) -> None:
-    if "from" not in step_input:
+    ref = step_input.get("from")
+    if not isinstance(ref, int) or isinstance(ref, bool):
         raise PlanError("input needs 'from' (the index of an earlier step)")
 
 
@@ -149,4 +150,13 @@ def make_write_artifact(settings: Settings) -> Tool:
 
 def default_registry(settings: Settings) -> Registry:
     """The built-in tools configured by ``settings``, plus entry-point tools on demand."""
-    return Registry([make_fetch(settings), make_summarize(settings), make_write_artifact(settings)])
+    from .model import make_llm
+
+    return Registry(
+        [
+            make_fetch(settings),
+            make_summarize(settings),
+            make_write_artifact(settings),
+            make_llm(),
+        ]
+    )
