@@ -212,8 +212,11 @@ def stub_lines(text: str) -> str:
 
 
 class StubEngine:
-    """Deterministic and offline: answers with the first three non-empty lines of
-    the last user or tool message, and counts words as tokens. Never calls a tool."""
+    """Deterministic and offline, and counts words as tokens. It answers with the
+    first three non-empty lines of the last user message. Offered the
+    ``write_artifact`` tool before it has answered anything, it first calls it
+    once, publishing that answer as ``report.md``: enough to run an agent's
+    whole loop (a call, its result, the answer) without a model."""
 
     name = "stub"
 
@@ -224,14 +227,18 @@ class StubEngine:
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = ()
     ) -> Reply:
         started = time.perf_counter()
-        last = next(
-            (m for m in reversed(messages) if m.get("role") in ("user", "tool")), {"content": ""}
-        )
+        last = next((m for m in reversed(messages) if m.get("role") == "user"), {"content": ""})
         text = stub_lines(str(last.get("content") or ""))
         words = sum(len(str(m.get("content") or "").split()) for m in messages)
+        calls: tuple[ToolCall, ...] = ()
+        answered = any(m.get("role") == "assistant" for m in messages)
+        if not answered and any(t.get("name") == "write_artifact" for t in tools):
+            arguments = {"name": "report.md", "text": text}
+            calls = (ToolCall(id="call_0", name="write_artifact", arguments=arguments),)
+            text = ""
         return Reply(
             text=text,
-            tool_calls=(),
+            tool_calls=calls,
             engine=self.name,
             model=self.model,
             input_tokens=words,

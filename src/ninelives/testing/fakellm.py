@@ -10,7 +10,10 @@ A turn is a :class:`Turn` (text and tool calls, rendered in the asked format)
 or a fault: ``"hang"`` (never answers), ``"garbage"`` (200 with a body that
 is not JSON), ``"http500"``, ``"die"`` (headers promise a body that breaks off),
 ``"wrong_shape"`` (JSON without the expected fields). When the script is used
-up, the last turn repeats.
+up, the last turn repeats. With ``by_turn=True`` the script is indexed by the
+number of assistant messages in the request instead of by arrival, so a
+conversation asked again (after a kill) gets the same answer again, as a
+deterministic model would give.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class FakeModelServer:
     script: list[Turn | str] = field(default_factory=list)
     requests: list[Request] = field(default_factory=list)
     hang_seconds: float = 30.0
+    by_turn: bool = False
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -82,13 +86,20 @@ class FakeModelServer:
         with self._lock:
             return sum(1 for r in self.requests if r.path.endswith(path_suffix))
 
-    def _next(self) -> Turn | str:
+    def _next(self, body: Any) -> Turn | str:
         with self._lock:
             if not self.script:
                 return Turn(text="")
-            turn = self.script[min(self._served, len(self.script) - 1)]
+            index = self._served
+            if self.by_turn:
+                index = turn_of(body)
             self._served += 1
-            return turn
+            return self.script[min(index, len(self.script) - 1)]
+
+    def turns(self) -> list[int]:
+        """The turn number (assistant messages so far) of each request, in order."""
+        with self._lock:
+            return [turn_of(r.body) for r in self.requests]
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         fake = self
@@ -117,7 +128,7 @@ class FakeModelServer:
                 else:
                     self._send(404, b'{"error": "not found"}')
                     return
-                turn = fake._next()
+                turn = fake._next(body)
                 if turn == "hang":
                     fake._released.wait(fake.hang_seconds)
                     return
@@ -149,6 +160,12 @@ class FakeModelServer:
                 self.wfile.write(payload)
 
         return Handler
+
+
+def turn_of(body: Any) -> int:
+    """How many assistant messages a request's conversation holds."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    return sum(1 for m in messages or () if isinstance(m, dict) and m.get("role") == "assistant")
 
 
 def _ollama_reply(turn: Turn, model: str) -> dict[str, Any]:
@@ -205,9 +222,12 @@ def _openai_reply(turn: Turn, model: str) -> dict[str, Any]:
 
 
 @contextmanager
-def fake_model_server(*script: Turn | str, hang_seconds: float = 30.0) -> Iterator[FakeModelServer]:
+def fake_model_server(
+    *script: Turn | str, hang_seconds: float = 30.0, by_turn: bool = False
+) -> Iterator[FakeModelServer]:
     """Start a :class:`FakeModelServer` with ``script`` for the ``with`` block."""
-    server = FakeModelServer(script=list(script), hang_seconds=hang_seconds).start()
+    server = FakeModelServer(script=list(script), hang_seconds=hang_seconds, by_turn=by_turn)
+    server.start()
     try:
         yield server
     finally:

@@ -1,10 +1,15 @@
-"""The ``llm`` tool: one request to the configured model engine.
+"""The model tools: ``llm`` (one request) and ``agent`` (one turn of an agent).
+
+``llm``:
 
 ``{"prompt": str, "from": [0, 2], "system": str, "engine": str, "model": str}``
 -> ``{"text", "engine", "model", "usage": {"input_tokens", "output_tokens"}, "ms"}``.
 The committed outputs of the steps named by ``from`` (an index or a list)
 go to the model as context, before the prompt. ``engine`` and ``model``
 override ``NINELIVES_LLM`` and ``NINELIVES_LLM_MODEL`` for this step.
+
+``agent`` is the step kind of an agent's turn (see :mod:`ninelives.agent`);
+plans do not name it, their ``agent`` section does.
 
 Like every step, a model call is at-least-once: a call whose step was killed
 before its ``done`` commit is asked again, and one committed is never asked again.
@@ -13,7 +18,7 @@ before its ``done`` commit is asked again, and one committed is never asked agai
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..errors import InputError, PlanError, ToolError
@@ -90,3 +95,19 @@ def make_llm(env: Mapping[str, str] | None = None) -> Tool:
         }
 
     return Tool(name="llm", fn=llm, validate=validate)
+
+
+def make_agent(lookup: Callable[[str], Any], env: Mapping[str, str] | None = None) -> Tool:
+    """The ``agent`` tool: one model turn; ``lookup`` finds the tools it may call."""
+    from ..agent import run_turn
+
+    def agent(step_input: Mapping[str, Any], ctx: Mapping[int, Any], idem_key: str) -> Any:
+        idx = int(idem_key.rpartition("-")[2])
+        return run_turn(step_input, ctx, idx, lookup, env)
+
+    return Tool(name="agent", fn=agent, validate=_check_turn)
+
+
+def _check_turn(step_input: Mapping[str, Any]) -> None:
+    if not isinstance(step_input.get("turn"), int) or not isinstance(step_input.get("tools"), list):
+        raise PlanError("an agent turn is made from a plan's 'agent' section, not written by hand")
