@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import PlanError, ToolError
+from .models import AGENT_TOOL
 
-AGENT_TOOL = "agent"
 DEFAULT_MAX_TURNS = 8
 DEFAULT_MAX_CALLS = 32
 LIMIT_TURNS = 1000

@@ -142,10 +142,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from .journal import calls_models, model_usage
+
+    as_json = args.json or args.outputs or not sys.stdout.isatty()
     with _runtime(args, create=False) as rt:
         task = rt.status(args.task_id)
-    if args.json or args.outputs or not sys.stdout.isatty():
+        # Only a task that calls models gets the cost keys: the guide's tasks
+        # keep exactly the contract's four.
+        usage = (
+            model_usage(task, rt.store.events(task.id)) if as_json and calls_models(task) else {}
+        )
+    if as_json:
         view = task.as_status()
+        view.update(usage)
         if args.outputs:
             for row, step in zip(view["steps"], task.steps, strict=True):
                 row["output"] = step.output

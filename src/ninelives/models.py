@@ -13,6 +13,9 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import Any, NamedTuple
 
+#: The tool of an agent's model turn (see :mod:`ninelives.agent`).
+AGENT_TOOL = "agent"
+
 
 class TaskStatus(str, Enum):
     """Lifecycle of a task; stored as its value in ``tasks.status``."""
@@ -49,6 +52,7 @@ class EventKind(str, Enum):
     STEP_ERROR = "step_error"
     TASK_DONE = "task_done"
     TASK_FAILED = "task_failed"
+    STEP_APPENDED = "step_appended"
 
 
 class Step(NamedTuple):

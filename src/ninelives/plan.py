@@ -133,7 +133,8 @@ def plan_from_dict(raw: Any) -> Plan:
             _check_from(idx, step_input["from"])
         specs.append(StepSpec(tool=tool, input=step_input))
     if agent is not None:
-        from .agent import AGENT_TOOL, first_turn
+        from .agent import first_turn
+        from .models import AGENT_TOOL
 
         # The first model turn follows the static steps; later turns and the
         # calls they ask for are appended as the agent runs.

@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any
 from . import crashpoints
 from .errors import CommitUnknown, InputError, InvalidTaskId, TaskFailed
 from .journal import dumps
-from .models import Event, Run, StepStatus, Task, TaskStatus
+from .models import AGENT_TOOL, Event, Run, Step, StepStatus, Task, TaskStatus
 from .settings import Settings
 from .store import Store, open_store
 
 if TYPE_CHECKING:
+    from .agent import Continuation
     from .plan import Plan
     from .tools import Registry
 
@@ -238,17 +239,53 @@ class Runtime:
                             f"failed {attempt} times; last error: {error}"
                         ) from None
                     continue
+                follow = _continuation(step, output)
                 crashpoints.crash("after_effect", step.idx)
-                self.store.finish_step(run, step.idx, step.tool, encoded, last=last)
+                if follow is None:
+                    self.store.finish_step(run, step.idx, step.tool, encoded, last=last)
+                else:
+                    self.store.finish_step(
+                        run, step.idx, step.tool, encoded, last=follow.final, fail=follow.fail,
+                        append=[(tool, dumps(given)) for tool, given in follow.append],
+                    )  # fmt: skip
                 crashpoints.crash("after_commit", step.idx)
                 self._say(f"{task_id}: step {step.idx} {step.tool} done {_brief(output)}")
                 ctx[step.idx] = output
+                if follow is not None:
+                    if follow.fail:
+                        raise TaskFailed(f"task {task_id!r} failed: {follow.fail}")
+                    pending.extend(_appended(task_id, step.idx, follow))
                 break
         return self.store.get_task(task_id)
 
     def _say(self, line: str) -> None:
         if self._log is not None:
             self._log(line)
+
+
+def _continuation(step: Step, output: Mapping[str, Any]) -> Continuation | None:
+    """For an agent's turn, the steps its commit appends or why the task fails."""
+    if step.tool != AGENT_TOOL:
+        return None
+    from .agent import after_turn
+
+    return after_turn(step.idx, step.input, output)
+
+
+def _appended(task_id: str, after: int, follow: Continuation) -> list[Step]:
+    """The steps a turn appended, as the runner's records, ``pending`` after ``after``."""
+    return [
+        Step(
+            task_id=task_id,
+            idx=idx,
+            tool=tool,
+            input=given,
+            status=StepStatus.PENDING,
+            output=None,
+            attempts=0,
+        )
+        for idx, (tool, given) in enumerate(follow.append, start=after + 1)
+    ]
 
 
 def open(

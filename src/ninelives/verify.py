@@ -31,6 +31,7 @@ STEP_STATUS_AFTER: dict[str, StepStatus] = {
     EventKind.STEP_RECOVERED.value: StepStatus.PENDING,
     EventKind.STEP_ERROR.value: StepStatus.PENDING,
     EventKind.TASK_FAILED.value: StepStatus.FAILED,
+    EventKind.STEP_APPENDED.value: StepStatus.PENDING,
 }
 
 #: Events after which the task has ended; nothing moves it out of these states.
@@ -100,6 +101,7 @@ def check_task(task: Task, events: Sequence[Event]) -> list[Violation]:
         )
 
     by_idx = {s.idx: s for s in task.steps}
+    found.extend(_appended_violations(task, events))
     starts: dict[int, list[int]] = {}
     finishes: dict[int, list[int]] = {}
     last: dict[int, Event] = {}
@@ -172,6 +174,34 @@ def check_task(task: Task, events: Sequence[Event]) -> list[Violation]:
     ends = [e.seq for e in events if e.kind in TASK_END_STATUS]
     if len(ends) > 1:
         add("task_end", f"{len(ends)} task_done/task_failed events", ends)
+    return found
+
+
+def _appended_violations(task: Task, events: Sequence[Event]) -> list[Violation]:
+    """Steps past the plan's count each have one ``step_appended``; planned ones none."""
+    created = next((e for e in events if e.kind == EventKind.TASK_CREATED.value), None)
+    planned = created.data.get("steps") if created is not None else None
+    if not isinstance(planned, int):
+        return []
+    appended: dict[int, list[int]] = {}
+    for event in events:
+        if event.kind == EventKind.STEP_APPENDED.value and event.step_idx is not None:
+            appended.setdefault(event.step_idx, []).append(event.seq)
+    found = []
+    for step in task.steps:
+        seqs = appended.get(step.idx, [])
+        expected = 1 if step.idx >= planned else 0
+        if len(seqs) != expected:
+            what = "appended" if step.idx >= planned else "planned"
+            found.append(
+                Violation(
+                    task_id=task.id,
+                    check="appended",
+                    message=f"{what} step {step.idx} has {len(seqs)} step_appended events, "
+                    f"expected {expected}",
+                    seqs=tuple(seqs),
+                )
+            )
     return found
 
 
