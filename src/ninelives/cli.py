@@ -293,15 +293,24 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_retry(args: argparse.Namespace) -> int:
     with _runtime(args, create=False) as rt:
         task = rt.retry(args.task_id, step=args.step)
-    print(f"task {task.id!r} is pending again: 'ninelives run {task.id}' resumes it")
+    _out(f"task {task.id!r} is pending again: 'ninelives run {task.id}' resumes it")
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from .journal import calls_models, model_usage
+
+    as_json = args.json or not _on_terminal()
     with _runtime(args, readonly=True) as rt:
         task = rt.status(args.task_id)
-    if args.json or not _on_terminal():
+        # Only a task that calls models gets the cost keys: the guide's tasks
+        # keep exactly the contract's four.
+        usage = (
+            model_usage(task, rt.store.events(task.id)) if as_json and calls_models(task) else {}
+        )
+    if as_json:
         view = task.as_status()
+        view.update(usage)
         if args.outputs:
             for row, step in zip(view["steps"], task.steps, strict=True):
                 row["output"] = step.output

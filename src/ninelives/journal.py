@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from .errors import OutputRefused
-from .models import Event, EventKind
+from .models import Event, EventKind, StepStatus, Task
 
 #: Kinds that close a ``step_started``.
 CLOSING_KINDS = frozenset(
@@ -182,3 +182,45 @@ def invariant_violations(events: Iterable[Event]) -> list[str]:
     The messages of :func:`journal_problems`.
     """
     return [problem.message for problem in journal_problems(events)]
+
+
+#: Tools whose every step is a model call.
+MODEL_TOOLS = frozenset({"llm", "agent"})
+
+
+def calls_models(task: Task) -> bool:
+    """True when the task has a model step (``llm``, ``agent``, or an output with ``usage``)."""
+    return any(
+        step.tool in MODEL_TOOLS or (step.output is not None and "usage" in step.output)
+        for step in task.steps
+    )
+
+
+def model_usage(task: Task, events: Iterable[Event]) -> dict[str, Any]:
+    """What the task's model calls cost, and what resuming saved.
+
+    ``model_calls``: done steps whose output reports ``usage`` (``llm``,
+    ``agent`` turns); ``tokens``: their summed ``input_tokens`` and
+    ``output_tokens``; ``model_calls_saved``: for each run after the first,
+    the model calls already committed when it started, which it did not repeat.
+    """
+    tokens = {"input_tokens": 0, "output_tokens": 0}
+    model_steps = set()
+    for step in task.steps:
+        usage = step.output.get("usage") if step.output is not None else None
+        if step.status is StepStatus.DONE and isinstance(usage, dict):
+            model_steps.add(step.idx)
+            for key in tokens:
+                value = usage.get(key)
+                if isinstance(value, int) and not isinstance(value, bool):
+                    tokens[key] += value
+    saved, runs = 0, 0
+    committed: set[int] = set()
+    for event in events:
+        if event.kind == EventKind.RUN_STARTED.value:
+            runs += 1
+            if runs > 1:
+                saved += len(committed)
+        elif event.kind == EventKind.STEP_FINISHED.value and event.step_idx in model_steps:
+            committed.add(event.step_idx)
+    return {"model_calls": len(model_steps), "tokens": tokens, "model_calls_saved": saved}

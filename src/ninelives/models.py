@@ -15,6 +15,9 @@ from typing import Any, NamedTuple
 
 from .errors import DamagedTask
 
+#: The tool of an agent's model turn (see :mod:`ninelives.agent`).
+AGENT_TOOL = "agent"
+
 
 class TaskStatus(str, Enum):
     """Lifecycle of a task; stored as its value in ``tasks.status``."""
@@ -54,6 +57,7 @@ class EventKind(str, Enum):
     #: ``ninelives retry``: a failed task and its failed step back to ``pending``,
     #: the step's attempts reset (data: ``reason`` of the failure it undoes).
     TASK_RETRIED = "task_retried"
+    STEP_APPENDED = "step_appended"
 
 
 class Step(NamedTuple):

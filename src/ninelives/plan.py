@@ -11,9 +11,12 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import PlanError
+
+if TYPE_CHECKING:
+    from .agent import AgentSpec
 
 MAX_PLAN_BYTES = 1 << 20
 MAX_DEPTH = 32
@@ -34,6 +37,8 @@ class Plan:
 
     goal: str
     steps: tuple[StepSpec, ...]
+    #: The ``agent`` section, when the plan has one (its first turn is the last step).
+    agent: AgentSpec | None = None
 
 
 def _reject_constant(name: str) -> Any:
@@ -102,10 +107,15 @@ def plan_from_dict(raw: Any) -> Plan:
     goal = raw.get("goal", "")
     if not isinstance(goal, str):
         raise PlanError("plan 'goal' must be a string")
-    steps = raw.get("steps")
+    agent = None
+    if "agent" in raw:
+        from .agent import parse_spec
+
+        agent = parse_spec(raw["agent"])
+    steps = raw.get("steps", [] if agent is not None else None)
     if not isinstance(steps, list):
         raise PlanError("plan must have a 'steps' list")
-    if not steps:
+    if not steps and agent is None:
         raise PlanError("plan has no steps")
     if len(steps) > MAX_STEPS:
         raise PlanError(f"plan has more than {MAX_STEPS} steps")
@@ -120,17 +130,31 @@ def plan_from_dict(raw: Any) -> Plan:
         if not isinstance(step_input, dict):
             raise PlanError(f"step {idx} input must be an object")
         if "from" in step_input:
-            ref = step_input["from"]
-            if not isinstance(ref, int) or isinstance(ref, bool):
-                raise PlanError(f"step {idx} 'from' must be a step index")
-            if not 0 <= ref < idx:
-                raise PlanError(
-                    f"step {idx} 'from' is {ref}: it must name an earlier step (0..{idx - 1})"
-                    if idx
-                    else "step 0 'from' must name an earlier step, and there is none"
-                )
+            _check_from(idx, step_input["from"])
         specs.append(StepSpec(tool=tool, input=step_input))
-    return Plan(goal=goal, steps=tuple(specs))
+    if agent is not None:
+        from .agent import first_turn
+        from .models import AGENT_TOOL
+
+        # The first model turn follows the static steps; later turns and the
+        # calls they ask for are appended as the agent runs.
+        specs.append(StepSpec(tool=AGENT_TOOL, input=first_turn(agent, goal, len(specs))))
+    return Plan(goal=goal, steps=tuple(specs), agent=agent)
+
+
+def _check_from(idx: int, ref: Any) -> None:
+    """``from`` names one earlier step, or a list of them (tools such as ``llm``
+    read several outputs)."""
+    refs = ref if isinstance(ref, list) else [ref]
+    for one in refs:
+        if not isinstance(one, int) or isinstance(one, bool):
+            raise PlanError(f"step {idx} 'from' must be a step index or a list of them")
+        if not 0 <= one < idx:
+            raise PlanError(
+                f"step {idx} 'from' is {one}: it must name an earlier step (0..{idx - 1})"
+                if idx
+                else "step 0 'from' must name an earlier step, and there is none"
+            )
 
 
 #: How long ``create`` waits for a writer to open a FIFO given as its plan file.
@@ -210,6 +234,10 @@ def validate(plan: Plan, lookup: Callable[[str], Any]) -> None:
     ``lookup(name)`` returns a tool (see :mod:`ninelives.tools`) or raises
     :class:`PlanError` for an unknown name.
     """
+    if plan.agent is not None:
+        from .agent import check_spec_tools
+
+        check_spec_tools(plan.agent, lookup)
     for idx, step in enumerate(plan.steps):
         tool = lookup(step.tool)
         check = getattr(tool, "validate", None)

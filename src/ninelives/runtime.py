@@ -27,11 +27,12 @@ from .errors import (
     TaskFailed,
 )
 from .journal import clean_error, dumps, encode_output, storable
-from .models import Event, EventKind, Run, Step, StepStatus, Task, TaskStatus
+from .models import AGENT_TOOL, Event, EventKind, Run, Step, StepStatus, Task, TaskStatus
 from .settings import Settings
 from .store import Store, open_store
 
 if TYPE_CHECKING:
+    from .agent import Continuation
     from .plan import Plan
     from .tools import Registry, Tool
 
@@ -349,8 +350,10 @@ class Runtime:
                 if result is None:  # a step_error was recorded: wait, then try again
                     _back_off(self.settings.retry_delay(attempt), stop)
                     continue
-                self._record(run, step, *result, last=step is pending[-1])
+                follow = self._record(run, step, *result, last=step is pending[-1])
                 ctx[step.idx] = result[0]
+                if follow is not None:
+                    pending.extend(_appended(task_id, step.idx, follow))
                 break
         return self.store.get_task(task_id)
 
@@ -371,12 +374,27 @@ class Runtime:
 
     def _record(
         self, run: Run, step: Step, output: dict[str, Any], encoded: str, *, last: bool
-    ) -> None:
-        """Commit the step ``done`` with its output (the task ``done`` too when ``last``)."""
+    ) -> Continuation | None:
+        """Commit the step ``done`` with its output (the task ``done`` too when ``last``).
+
+        An agent's turn commits in the same transaction the calls it asked for
+        and its next turn (returned, to be run next), or fails the task when it
+        reached ``max_turns`` or ``max_calls``.
+        """
+        follow = _continuation(step, output)
         crashpoints.crash("after_effect", step.idx)
-        self.store.finish_step(run, step.idx, step.tool, encoded, last=last)
+        if follow is None:
+            self.store.finish_step(run, step.idx, step.tool, encoded, last=last)
+        else:
+            self.store.finish_step(
+                run, step.idx, step.tool, encoded, last=follow.final, fail=follow.fail,
+                append=[(tool, dumps(given)) for tool, given in follow.append],
+            )  # fmt: skip
         crashpoints.crash("after_commit", step.idx)
         self._say(f"{run.task_id}: step {step.idx} {step.tool} done {_brief(output)}")
+        if follow is not None and follow.fail:
+            raise TaskFailed(f"task {run.task_id!r} failed: {follow.fail}")
+        return follow
 
     def _attempt(
         self, run: Run, step: Step, tool: Tool, ctx: dict[int, Any], attempt: int
@@ -433,6 +451,31 @@ def _back_off(delay: float, stop: Callable[[], bool] | None) -> None:
         if stop is not None and stop():
             return
         time.sleep(min(left, 0.1))
+
+
+def _continuation(step: Step, output: Mapping[str, Any]) -> Continuation | None:
+    """For an agent's turn, the steps its commit appends or why the task fails."""
+    if step.tool != AGENT_TOOL:
+        return None
+    from .agent import after_turn
+
+    return after_turn(step.idx, step.input, output)
+
+
+def _appended(task_id: str, after: int, follow: Continuation) -> list[Step]:
+    """The steps a turn appended, as the runner's records, ``pending`` after ``after``."""
+    return [
+        Step(
+            task_id=task_id,
+            idx=idx,
+            tool=tool,
+            input=given,
+            status=StepStatus.PENDING,
+            output=None,
+            attempts=0,
+        )
+        for idx, (tool, given) in enumerate(follow.append, start=after + 1)
+    ]
 
 
 def open(

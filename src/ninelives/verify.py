@@ -32,6 +32,7 @@ STEP_STATUS_AFTER: dict[str, StepStatus] = {
     EventKind.STEP_ERROR.value: StepStatus.PENDING,
     EventKind.TASK_FAILED.value: StepStatus.FAILED,
     EventKind.TASK_RETRIED.value: StepStatus.PENDING,
+    EventKind.STEP_APPENDED.value: StepStatus.PENDING,
 }
 
 #: Events after which the task has ended; nothing moves it out of these states.
@@ -106,6 +107,7 @@ def check_task(
         )
 
     by_idx = {s.idx: s for s in task.steps}
+    found.extend(_appended_violations(task, events))
     starts: dict[int, list[int]] = {}
     finishes: dict[int, list[int]] = {}
     last: dict[int, Event] = {}
@@ -211,6 +213,34 @@ def _past_limits(
                 )
                 found.append(Violation(task_id=task.id, check=check, message=message,
                                        seqs=tuple(seen[allowed:])))  # fmt: skip
+    return found
+
+
+def _appended_violations(task: Task, events: Sequence[Event]) -> list[Violation]:
+    """Steps past the plan's count each have one ``step_appended``; planned ones none."""
+    created = next((e for e in events if e.kind == EventKind.TASK_CREATED.value), None)
+    planned = created.data.get("steps") if created is not None else None
+    if not isinstance(planned, int):
+        return []
+    appended: dict[int, list[int]] = {}
+    for event in events:
+        if event.kind == EventKind.STEP_APPENDED.value and event.step_idx is not None:
+            appended.setdefault(event.step_idx, []).append(event.seq)
+    found = []
+    for step in task.steps:
+        seqs = appended.get(step.idx, [])
+        expected = 1 if step.idx >= planned else 0
+        if len(seqs) != expected:
+            what = "appended" if step.idx >= planned else "planned"
+            found.append(
+                Violation(
+                    task_id=task.id,
+                    check="appended",
+                    message=f"{what} step {step.idx} has {len(seqs)} step_appended events, "
+                    f"expected {expected}",
+                    seqs=tuple(seqs),
+                )
+            )
     return found
 
 

@@ -131,11 +131,26 @@ class Store(Protocol):
         return the attempt number. Fenced."""
         ...
 
-    def finish_step(self, run: Run, idx: int, tool: str, output: str, *, last: bool) -> None:
+    def finish_step(
+        self,
+        run: Run,
+        idx: int,
+        tool: str,
+        output: str,
+        *,
+        last: bool,
+        append: Sequence[tuple[str, str]] = (),
+        fail: str | None = None,
+    ) -> None:
         """Commit step ``idx`` ``done`` with ``output`` (JSON text) and ``step_finished``.
 
         With ``last``, the same transaction marks the task ``done`` and journals
-        ``task_done``. Fenced.
+        ``task_done``. ``append`` adds steps ``(tool, input JSON)`` as
+        ``idx + 1, idx + 2, ...``, each ``pending`` with a ``step_appended``
+        naming ``idx`` (an agent's turn and the calls it asked for); a step
+        already at one of those indexes is a :class:`StoreError` and nothing
+        is written. With ``fail``, the task is marked ``failed`` with
+        ``task_failed`` and that reason instead. Fenced.
         """
         ...
 

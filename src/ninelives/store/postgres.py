@@ -665,15 +665,49 @@ class PostgresStore:
         self._after_commit(run, sent)
         return attempt
 
-    def finish_step(self, run: Run, idx: int, tool: str, output: str, *, last: bool) -> None:
+    def finish_step(
+        self,
+        run: Run,
+        idx: int,
+        tool: str,
+        output: str,
+        *,
+        last: bool,
+        append: Sequence[tuple[str, str]] = (),
+        fail: str | None = None,
+    ) -> None:
         sent = time.monotonic()
-        with self._write() as conn:
-            self._fence(conn, run, TaskStatus.DONE if last else TaskStatus.RUNNING)
-            cur = conn.execute(Q["step_done"], {"id": run.task_id, "idx": idx, "output": output})
-            self._expect_one(cur, f"task {run.task_id!r} step {idx} is not running")
-            self._event(conn, run.task_id, run.run_id, EventKind.STEP_FINISHED, idx, {"tool": tool})
-            if last:
-                self._event(conn, run.task_id, run.run_id, EventKind.TASK_DONE)
+        status = TaskStatus.FAILED if fail else TaskStatus.DONE if last else TaskStatus.RUNNING
+        try:
+            with self._write() as conn:
+                self._fence(conn, run, status)
+                cur = conn.execute(
+                    Q["step_done"], {"id": run.task_id, "idx": idx, "output": output}
+                )
+                self._expect_one(cur, f"task {run.task_id!r} step {idx} is not running")
+                self._event(
+                    conn, run.task_id, run.run_id, EventKind.STEP_FINISHED, idx, {"tool": tool}
+                )
+                for new_idx, (new_tool, new_input) in enumerate(append, start=idx + 1):
+                    conn.execute(
+                        Q["insert_step"],
+                        {"id": run.task_id, "idx": new_idx, "tool": new_tool, "input": new_input},
+                    )
+                    self._event(
+                        conn, run.task_id, run.run_id, EventKind.STEP_APPENDED, new_idx,
+                        {"tool": new_tool, "by": idx},
+                    )  # fmt: skip
+                if fail:
+                    self._event(
+                        conn, run.task_id, run.run_id, EventKind.TASK_FAILED, None, {"reason": fail}
+                    )
+                elif last:
+                    self._event(conn, run.task_id, run.run_id, EventKind.TASK_DONE)
+        except pg_errors.UniqueViolation as exc:
+            raise StoreError(
+                f"task {run.task_id!r} already has a step at an index appended after {idx}: "
+                "steps are only appended at the end"
+            ) from exc
         self._after_commit(run, sent)
 
     def record_error(self, run: Run, idx: int, error: str, max_attempts: int) -> bool:

@@ -526,17 +526,48 @@ class SQLiteStore:
             )  # fmt: skip
         return attempt
 
-    def finish_step(self, run: Run, idx: int, tool: str, output: str, *, last: bool) -> None:
+    def finish_step(
+        self,
+        run: Run,
+        idx: int,
+        tool: str,
+        output: str,
+        *,
+        last: bool,
+        append: Sequence[tuple[str, str]] = (),
+        fail: str | None = None,
+    ) -> None:
         now = time.time()
+        status = TaskStatus.FAILED if fail else TaskStatus.DONE if last else TaskStatus.RUNNING
         with self._write() as conn:
-            self._fence(conn, run, TaskStatus.DONE if last else TaskStatus.RUNNING, now)
+            self._fence(conn, run, status, now)
             cur = conn.execute(Q["step_done"], {"id": run.task_id, "idx": idx, "output": output})
             if cur.rowcount != 1:
                 raise StoreError(f"task {run.task_id!r} step {idx} is not running")
             self._event(
                 conn, run.task_id, run.run_id, EventKind.STEP_FINISHED, idx, {"tool": tool}, now
             )
-            if last:
+            for new_idx, (new_tool, new_input) in enumerate(append, start=idx + 1):
+                try:
+                    conn.execute(
+                        Q["insert_step"],
+                        {"id": run.task_id, "idx": new_idx, "tool": new_tool, "input": new_input},
+                    )
+                except sqlite3.IntegrityError as exc:
+                    raise StoreError(
+                        f"task {run.task_id!r} already has a step {new_idx}: steps are only "
+                        "appended at the end"
+                    ) from exc
+                self._event(
+                    conn, run.task_id, run.run_id, EventKind.STEP_APPENDED, new_idx,
+                    {"tool": new_tool, "by": idx}, now,
+                )  # fmt: skip
+            if fail:
+                self._event(
+                    conn, run.task_id, run.run_id, EventKind.TASK_FAILED, None,
+                    {"reason": fail}, now,
+                )  # fmt: skip
+            elif last:
                 self._event(conn, run.task_id, run.run_id, EventKind.TASK_DONE, None, None, now)
 
     def record_error(self, run: Run, idx: int, error: str, max_attempts: int) -> bool:

@@ -32,7 +32,7 @@ EXPORT_KEYS = ("seq", "ts", "run", "kind", "step")
 
 #: Environment variables of the parent that never reach a lab's children: they
 #: would steer the runs under test (crash points, delays, effects, database).
-SCRUBBED_PREFIXES = ("AGENT_",)
+SCRUBBED_PREFIXES = ("AGENT_", "NINELIVES_LLM")
 SCRUBBED_NAMES = ("NINELIVES_DB", "NINELIVES_WORKSPACE")
 
 

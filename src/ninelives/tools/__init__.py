@@ -31,7 +31,8 @@ ENTRY_POINT_GROUP = "ninelives.tools"
 
 @dataclass(frozen=True, kw_only=True)
 class Tool:
-    """A named tool: the function to run and an optional input check run at ``create``.
+    """A named tool: the function to run, an optional input check run at ``create``,
+    and the JSON Schema and description a model is shown.
 
     ``validate(input)`` raises :class:`~ninelives.errors.PlanError` for input the
     tool can never accept, so a bad plan is refused before anything runs.
@@ -40,6 +41,10 @@ class Tool:
     name: str
     fn: ToolFn
     validate: Validator | None = None
+    #: JSON Schema of the input: required for a tool an agent may call, whose
+    #: model is shown it and whose calls are checked against it.
+    schema: Mapping[str, Any] | None = None
+    description: str = ""
 
     def __call__(
         self, input: Mapping[str, Any], ctx: Mapping[int, Any], idem_key: str

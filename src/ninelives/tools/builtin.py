@@ -12,7 +12,8 @@ from . import Registry, Tool, effects, files, load_tool_modules
 
 
 def _need_from(step_input: Mapping[str, Any]) -> None:
-    if "from" not in step_input:
+    ref = step_input.get("from")
+    if not isinstance(ref, int) or isinstance(ref, bool):
         raise PlanError("input needs 'from' (the index of an earlier step)")
 
 
@@ -40,6 +41,29 @@ def _check_relative(path: Any) -> None:
 
 #: The largest file ``fetch`` reads: its text becomes a committed step output.
 MAX_FETCH_BYTES = 32 << 20
+FETCH_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "path": {"type": "string", "description": "a file path relative to the workspace"}
+    },
+    "required": ["path"],
+    "additionalProperties": False,
+}
+#: An artifact's name when a model publishes it: plain data, never a path.
+ARTIFACT_NAME = "[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
+WRITE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {
+            "type": "string",
+            "pattern": f"^{ARTIFACT_NAME}$",
+            "description": "the file name, e.g. report.md",
+        },
+        "text": {"type": "string", "description": "the whole content of the file"},
+    },
+    "required": ["name", "text"],
+    "additionalProperties": False,
+}
 
 
 def make_fetch(settings: Settings) -> Tool:
@@ -93,7 +117,13 @@ def make_fetch(settings: Settings) -> Tool:
             raise ToolError(f"{path} is not UTF-8 text") from None
         return {"chars": len(text), "sha256": effects._sha256(data), "text": text}
 
-    return Tool(name="fetch", fn=fetch, validate=validate)
+    return Tool(
+        name="fetch",
+        fn=fetch,
+        validate=validate,
+        schema=FETCH_SCHEMA,
+        description="Read a UTF-8 text file of the workspace; returns its text and sha256.",
+    )
 
 
 def stub_summary(text: str) -> str:
@@ -151,20 +181,27 @@ def make_write_artifact(settings: Settings) -> Tool:
     Publishes the summary as ``<artifacts>/<idem_key>.md`` exactly once in
     outcome (the folder recorded with the task, else ``settings.artifacts``), or
     with ``AGENT_UNSAFE_EFFECTS=1`` appends it to ``report.log``.
+    The form a model calls, ``{"name", "text"}``, publishes ``text`` as
+    ``<artifacts>/<idem_key>-<name>``.
     """
 
     def write_artifact(step_input: Mapping[str, Any], ctx: Mapping[int, Any], idem_key: str) -> Any:
-        source = _source(ctx, step_input)
-        summary = source.get("summary", source.get("text"))
-        if not isinstance(summary, str):
-            raise ToolError(f"step {step_input['from']} output has no summary to write")
+        _check_write(step_input)
+        name = f"{idem_key}.md"
+        if "from" in step_input:
+            source = _source(ctx, step_input)
+            summary = source.get("summary", source.get("text"))
+            if not isinstance(summary, str):
+                raise ToolError(f"step {step_input['from']} output has no summary to write")
+        else:  # the form a model calls: the key in the name keeps it idempotent
+            summary, name = step_input["text"], f"{idem_key}-{step_input['name']}"
         folder = effects.artifacts_folder(settings.artifacts)
         if settings.unsafe_effects:
             path = os.path.join(folder, "report.log")
             effects.append_unsafe(path, (summary + "\n---\n").encode())
             return {"path": path, "deduplicated": False}
         published = effects.publish_once(
-            folder, f"{idem_key}.md", summary.encode(), step=_step_of(idem_key)
+            folder, name, summary.encode(), step=_step_of(idem_key)
         )
         return {
             "path": published.path,
@@ -173,15 +210,45 @@ def make_write_artifact(settings: Settings) -> Tool:
             "bytes": published.size,
         }
 
-    return Tool(name="write_artifact", fn=write_artifact, validate=_need_from)
+    return Tool(
+        name="write_artifact",
+        fn=write_artifact,
+        validate=_check_write,
+        schema=WRITE_SCHEMA,
+        description="Publish a text file exactly once (a retry never writes a second copy).",
+    )
+
+
+def _check_write(step_input: Mapping[str, Any]) -> None:
+    if "from" in step_input:
+        _need_from(step_input)
+        return
+    import re
+
+    name, text = step_input.get("name"), step_input.get("text")
+    if not isinstance(text, str) or not isinstance(name, str):
+        raise PlanError("input needs 'from' (an earlier step), or 'name' and 'text'")
+    if not re.fullmatch(ARTIFACT_NAME, name):
+        raise PlanError(
+            f"artifact name {name!r}: use 1-100 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
 
 
 def default_registry(settings: Settings) -> Registry:
     """The built-in tools configured by ``settings``, plus entry-point tools on demand,
     plus the tools of the modules in ``settings.tool_modules`` (``NINELIVES_TOOLS``)."""
+    from .model import make_agent, make_llm
+
     registry = Registry(
-        [make_fetch(settings), make_summarize(settings), make_write_artifact(settings)]
+        [
+            make_fetch(settings),
+            make_summarize(settings),
+            make_write_artifact(settings),
+            make_llm(),
+        ]
     )
+    registry.add(make_agent(registry.lookup))
     if settings.tool_modules:
         load_tool_modules(registry, settings.tool_modules)
     return registry

@@ -1,0 +1,322 @@
+"""Agents: a model chooses the next step, and every decision is a durable step.
+
+A plan may end with an ``agent`` section::
+
+    {"goal": "Write a short report on the notes in input/",
+     "steps": [{"tool": "fetch", "input": {"path": "input/notes.txt"}}],
+     "agent": {"tools": ["fetch", "write_artifact"], "max_turns": 8,
+               "system": "You are a careful analyst.", "model": "qwen2.5:7b"}}
+
+After the static steps the plan holds one step of tool ``agent``: a model
+turn. A turn rebuilds the whole conversation from committed outputs (the goal
+and the static steps' outputs in the first user message, then each earlier
+turn as an assistant message with its tool calls, and each call's committed
+result as a tool message answering it by id), asks the model once, and
+returns its reply as the step's output. When the reply asks for tools, the
+transaction that commits the turn ``done`` also appends one step per valid
+call and then the next turn (:func:`after_turn`), each journaled
+``step_appended``; a reply without calls is the answer and ends the task.
+So a restart never repeats a committed model call and never loses one.
+
+A call to a tool the agent may not use, or with arguments that fail the
+tool's JSON Schema, does not fail the task: the error becomes that call's
+result, which the model reads on its next turn. ``max_turns`` and
+``max_calls`` end a runaway loop with ``task_failed``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import PlanError, ToolError
+from .models import AGENT_TOOL
+
+DEFAULT_MAX_TURNS = 8
+DEFAULT_MAX_CALLS = 32
+LIMIT_TURNS = 1000
+_SPEC_KEYS = frozenset({"tools", "max_turns", "max_calls", "system", "model", "engine"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentSpec:
+    """A plan's ``agent`` section."""
+
+    tools: tuple[str, ...]
+    max_turns: int = DEFAULT_MAX_TURNS
+    max_calls: int = DEFAULT_MAX_CALLS
+    system: str = ""
+    model: str = ""
+    engine: str = ""
+
+
+def parse_spec(raw: Any) -> AgentSpec:
+    """The ``agent`` section of a plan, shape-checked; :class:`PlanError` if wrong."""
+    if not isinstance(raw, dict):
+        raise PlanError("plan 'agent' must be an object")
+    unknown = sorted(set(raw) - _SPEC_KEYS)
+    if unknown:
+        raise PlanError(f"plan 'agent' has unknown keys {unknown} (known: {sorted(_SPEC_KEYS)})")
+    tools = raw.get("tools", [])
+    if not isinstance(tools, list) or not all(isinstance(t, str) and t for t in tools):
+        raise PlanError("plan 'agent.tools' must be a list of tool names")
+    if len(set(tools)) != len(tools):
+        raise PlanError("plan 'agent.tools' names a tool twice")
+    if AGENT_TOOL in tools:
+        raise PlanError("plan 'agent.tools' cannot hold 'agent' itself")
+    limits = {}
+    for key, default in (("max_turns", DEFAULT_MAX_TURNS), ("max_calls", DEFAULT_MAX_CALLS)):
+        value = raw.get(key, default)
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= LIMIT_TURNS:
+            raise PlanError(f"plan 'agent.{key}' must be a whole number 1-{LIMIT_TURNS}")
+        limits[key] = value
+    texts = {}
+    for key in ("system", "model", "engine"):
+        value = raw.get(key, "")
+        if not isinstance(value, str):
+            raise PlanError(f"plan 'agent.{key}' must be a string")
+        texts[key] = value
+    if texts["engine"]:
+        from .llm import ENGINES
+
+        if texts["engine"] not in ENGINES:
+            raise PlanError(f"plan 'agent.engine' {texts['engine']!r} is not one of {ENGINES}")
+    return AgentSpec(
+        tools=tuple(tools),
+        max_turns=limits["max_turns"],
+        max_calls=limits["max_calls"],
+        system=texts["system"],
+        model=texts["model"],
+        engine=texts["engine"],
+    )
+
+
+def check_spec_tools(spec: AgentSpec, lookup: Callable[[str], Any]) -> None:
+    """Every tool the agent may call exists and declares a JSON Schema, and the
+    validator that checks calls against them is installed."""
+    require_validator()
+    for name in spec.tools:
+        tool = lookup(name)
+        if getattr(tool, "schema", None) is None:
+            raise PlanError(
+                f"agent tool {name!r} declares no input schema: a model can only call "
+                "tools that declare one"
+            )
+
+
+def first_turn(spec: AgentSpec, goal: str, static_steps: int) -> dict[str, Any]:
+    """The input of the first turn, which follows ``static_steps`` static steps."""
+    return {
+        "turn": 0,
+        "goal": goal,
+        "context": list(range(static_steps)),
+        "history": [],
+        "calls_so_far": 0,
+        "tools": list(spec.tools),
+        "max_turns": spec.max_turns,
+        "max_calls": spec.max_calls,
+        "system": spec.system,
+        "model": spec.model,
+        "engine": spec.engine,
+    }
+
+
+# -- one turn -----------------------------------------------------------------
+
+
+def conversation(turn: Mapping[str, Any], ctx: Mapping[int, Any]) -> list[dict[str, Any]]:
+    """The messages of a turn, rebuilt from its input and the committed outputs."""
+    from .tools.model import context_text
+
+    messages: list[dict[str, Any]] = []
+    if turn.get("system"):
+        messages.append({"role": "system", "content": turn["system"]})
+    parts = [str(turn.get("goal") or "")]
+    for ref in turn.get("context", []):
+        parts.append(f"Output of step {ref}:\n{context_text(_output(ctx, ref))}")
+    messages.append({"role": "user", "content": "\n\n".join(p for p in parts if p)})
+    for ref in turn.get("history", []):
+        earlier = _output(ctx, ref)
+        calls = earlier.get("tool_calls") or []
+        messages.append(
+            {
+                "role": "assistant",
+                "content": earlier.get("text") or "",
+                "tool_calls": [
+                    {"id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in calls
+                ],
+            }
+        )
+        for call in calls:
+            if call.get("step") is None:
+                result = f"error: {call.get('error') or 'the call was not run'}"
+            else:
+                result = json.dumps(_output(ctx, call["step"]), ensure_ascii=False, sort_keys=True)
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": call["id"],
+                    "name": call["name"],
+                    "content": result,
+                }
+            )
+    return messages
+
+
+def _output(ctx: Mapping[int, Any], ref: int) -> Any:
+    if ref not in ctx:
+        raise ToolError(f"step {ref} has no committed output")
+    return ctx[ref]
+
+
+def tool_definitions(names: Sequence[str], lookup: Callable[[str], Any]) -> list[dict[str, Any]]:
+    """``{"name", "description", "parameters"}`` of each tool the agent may call."""
+    found = []
+    for name in names:
+        tool = lookup(name)
+        found.append(
+            {
+                "name": name,
+                "description": getattr(tool, "description", "") or "",
+                "parameters": getattr(tool, "schema", None) or {"type": "object"},
+            }
+        )
+    return found
+
+
+def check_call(
+    name: str, arguments: Any, allowed: Sequence[str], lookup: Callable[[str], Any]
+) -> str:
+    """Why the call cannot run (unknown tool, arguments failing the schema or the
+    tool's own check), or an empty string when it can."""
+    if name not in allowed:
+        return f"unknown tool {name!r}: this agent may call {', '.join(allowed) or 'no tool'}"
+    tool = lookup(name)
+    schema = getattr(tool, "schema", None)
+    if schema is not None:
+        problem = schema_problem(schema, arguments)
+        if problem:
+            return f"arguments of {name!r} do not match its schema: {problem}"
+    check = getattr(tool, "validate", None)
+    if check is not None:
+        try:
+            check(arguments)
+        except PlanError as exc:
+            return f"arguments of {name!r} refused: {exc}"
+    return ""
+
+
+_COMPILED: dict[str, Callable[[Any], Any]] = {}
+
+
+def schema_problem(schema: Mapping[str, Any], value: Any) -> str:
+    """Why ``value`` fails ``schema`` (JSON Schema, checked by fastjsonschema), or ''."""
+    fastjsonschema = require_validator()
+    key = json.dumps(schema, sort_keys=True)
+    check = _COMPILED.get(key)
+    if check is None:
+        check = _COMPILED[key] = fastjsonschema.compile(dict(schema))
+    try:
+        check(value)
+    except fastjsonschema.JsonSchemaException as exc:
+        return str(exc.message)
+    return ""
+
+
+def require_validator() -> Any:
+    """The JSON Schema validator, or a :class:`PlanError` saying how to install it."""
+    try:
+        import fastjsonschema
+    except ImportError:
+        raise PlanError(
+            "agents check tool calls against JSON Schemas with fastjsonschema: "
+            "pip install 'ninelives[agents]'"
+        ) from None
+    return fastjsonschema
+
+
+def run_turn(
+    turn: Mapping[str, Any],
+    ctx: Mapping[int, Any],
+    idx: int,
+    lookup: Callable[[str], Any],
+    env: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Ask the model once and return the turn's output: its text, each call with
+    the step index it will run as (or why it cannot run), and what it cost."""
+    from .errors import InputError
+    from .llm import EngineConfig, open_engine
+
+    overrides = {k: turn[k] for k in ("engine", "model") if turn.get(k)}
+    try:
+        config = EngineConfig.from_env(env, **overrides)
+    except InputError as exc:
+        raise ToolError(str(exc)) from None
+    allowed = list(turn.get("tools", []))
+    reply = open_engine(config).chat(conversation(turn, ctx), tool_definitions(allowed, lookup))
+    calls = []
+    next_idx = idx + 1
+    for call in reply.tool_calls:
+        entry: dict[str, Any] = {"id": call.id, "name": call.name, "arguments": call.arguments}
+        problem = check_call(call.name, call.arguments, allowed, lookup)
+        if problem:
+            entry["step"] = None
+            entry["error"] = problem
+        else:
+            entry["step"] = next_idx
+            next_idx += 1
+        calls.append(entry)
+    return {
+        "turn": turn.get("turn", 0),
+        "text": reply.text,
+        "tool_calls": calls,
+        "engine": reply.engine,
+        "model": reply.model,
+        "usage": reply.usage(),
+        "ms": reply.ms,
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Continuation:
+    """What committing a turn does besides marking it done: the steps it appends
+    (``(tool, input)`` in index order, the next turn last), or the reason the task
+    fails, or neither (the reply was the answer: the task is done)."""
+
+    append: tuple[tuple[str, dict[str, Any]], ...] = ()
+    fail: str | None = None
+
+    @property
+    def final(self) -> bool:
+        """True when the turn ends the task (answered, or failed)."""
+        return not self.append
+
+
+def after_turn(idx: int, turn: Mapping[str, Any], output: Mapping[str, Any]) -> Continuation:
+    """Decide what the commit of turn step ``idx`` appends, from its input and output."""
+    calls = output.get("tool_calls") or []
+    if not calls:
+        return Continuation()
+    number = int(turn.get("turn", 0))
+    max_turns = int(turn.get("max_turns", DEFAULT_MAX_TURNS))
+    if number + 1 >= max_turns:
+        return Continuation(
+            fail=f"agent used all {max_turns} turns (max_turns) without a final answer"
+        )
+    valid = [c for c in calls if c.get("step") is not None]
+    calls_so_far = int(turn.get("calls_so_far", 0)) + len(valid)
+    max_calls = int(turn.get("max_calls", DEFAULT_MAX_CALLS))
+    if calls_so_far > max_calls:
+        return Continuation(
+            fail=f"agent asked for {calls_so_far} tool calls, more than max_calls ({max_calls})"
+        )
+    steps = [(str(c["name"]), dict(c["arguments"])) for c in valid]
+    following = {
+        **turn,
+        "turn": number + 1,
+        "history": [*turn.get("history", []), idx],
+        "calls_so_far": calls_so_far,
+    }
+    return Continuation(append=(*steps, (AGENT_TOOL, following)))

@@ -1,0 +1,512 @@
+"""Model engines: one small interface, three implementations.
+
+* ``stub``: deterministic and offline, for tests and the demo;
+* ``ollama``: Ollama's ``POST <URL>/api/chat``, with tool calling;
+* ``openai``: the OpenAI-compatible ``POST <URL>/chat/completions`` with
+  ``tools``/``tool_calls``, which llama.cpp's server, vLLM, LM Studio and hosted
+  APIs speak. ``<URL>`` is the base URL as the official clients take it, so it
+  includes ``/v1``.
+
+Conversations use one neutral message shape, the OpenAI one with decoded
+arguments: ``{"role": "system"|"user"|"assistant"|"tool", "content": str}``,
+an assistant message may carry ``"tool_calls": [{"id", "name", "arguments":
+{...}}]``, and a tool message answers one call with ``"tool_call_id"`` and
+``"name"``. Each engine converts it to its wire format.
+
+Every failure of the exchange (a timeout, a refused connection, a reply that
+dies mid-body, a reply that is not JSON or has the wrong shape, an HTTP error)
+raises :class:`~ninelives.errors.ToolError` with one line naming the engine and
+the URL, so a step records it as ``step_error``. The API key is sent only in
+the ``Authorization`` header of a request to the configured URL: never through
+a proxy, never along a redirect, and never in a message. Only the standard
+library is used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .errors import InputError, ToolError
+
+ENGINES = ("stub", "ollama", "openai")
+DEFAULT_URLS = {"ollama": "http://127.0.0.1:11434", "openai": "http://127.0.0.1:8080/v1"}
+DEFAULT_TIMEOUT = 120.0
+#: A reply larger than this is refused rather than held in memory.
+MAX_REPLY_BYTES = 16 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolCall:
+    """One call a model asked for: its id (made up when the wire has none), the
+    tool's name and its decoded arguments."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+    def as_message(self) -> dict[str, Any]:
+        """The call in the neutral message shape."""
+        return {"id": self.id, "name": self.name, "arguments": self.arguments}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reply:
+    """A model's answer to one request, with what it cost."""
+
+    text: str
+    tool_calls: tuple[ToolCall, ...]
+    engine: str
+    model: str
+    input_tokens: int
+    output_tokens: int
+    ms: float
+
+    def usage(self) -> dict[str, int]:
+        """Token counts as steps store them."""
+        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """Which engine, where, and how long to wait. Build with :meth:`from_env`."""
+
+    engine: str = "stub"
+    url: str = ""
+    model: str = ""
+    api_key: str = field(default="", repr=False)
+    timeout: float = DEFAULT_TIMEOUT
+    allow_remote: bool = False
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: str) -> EngineConfig:
+        """``NINELIVES_LLM`` (``stub|ollama|openai``), ``NINELIVES_LLM_URL``,
+        ``NINELIVES_LLM_MODEL``, ``NINELIVES_LLM_API_KEY``, ``NINELIVES_LLM_TIMEOUT``
+        (seconds) and ``NINELIVES_LLM_ALLOW_REMOTE=1``; ``overrides`` (``engine``,
+        ``model``: a plan's choice) win. For ``ollama`` the contract's
+        ``OLLAMA_URL`` and ``OLLAMA_MODEL`` are the fallbacks. A bad value is an
+        :class:`~ninelives.errors.InputError`."""
+        env = os.environ if env is None else env
+        engine = overrides.get("engine") or env.get("NINELIVES_LLM") or "stub"
+        if engine not in ENGINES:
+            raise InputError(f"unknown model engine {engine!r} (known: {', '.join(ENGINES)})")
+        url = env.get("NINELIVES_LLM_URL") or ""
+        model = overrides.get("model") or env.get("NINELIVES_LLM_MODEL") or ""
+        if engine == "ollama":
+            url = url or env.get("OLLAMA_URL") or DEFAULT_URLS["ollama"]
+            model = model or env.get("OLLAMA_MODEL") or "llama3.2"
+        elif engine == "openai":
+            url = url or DEFAULT_URLS["openai"]
+        raw_timeout = env.get("NINELIVES_LLM_TIMEOUT") or ""
+        try:
+            timeout = float(raw_timeout) if raw_timeout else DEFAULT_TIMEOUT
+        except ValueError:
+            raise InputError(
+                f"NINELIVES_LLM_TIMEOUT must be seconds, got {raw_timeout!r}"
+            ) from None
+        if not 0.1 <= timeout <= 86400:  # also refuses NaN
+            raise InputError(
+                f"NINELIVES_LLM_TIMEOUT must be 0.1-86400 seconds, got {raw_timeout!r}"
+            )
+        config = cls(
+            engine=engine,
+            url=url.rstrip("/"),
+            model=model,
+            api_key=env.get("NINELIVES_LLM_API_KEY") or "",
+            timeout=timeout,
+            allow_remote=env.get("NINELIVES_LLM_ALLOW_REMOTE", "") not in ("", "0"),
+        )
+        config.check()
+        return config
+
+    def check(self) -> None:
+        """Refuse a configuration that cannot work, before any request:
+        a URL that is not http(s), one off this machine without
+        ``NINELIVES_LLM_ALLOW_REMOTE=1``, an ``openai`` engine without a model."""
+        if self.engine == "stub":
+            return
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(self.url)
+        shown = public_url(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise InputError(
+                f"{self.engine}: NINELIVES_LLM_URL must be an http(s) URL, got {shown!r}"
+            )
+        if parts.username is not None or parts.password is not None:
+            raise InputError(
+                f"{self.engine}: NINELIVES_LLM_URL must not hold credentials "
+                "(put the key in NINELIVES_LLM_API_KEY)"
+            )
+        if not self.allow_remote and not is_loopback(parts.hostname):
+            raise InputError(
+                f"{self.engine}: {shown} is not on this machine; set NINELIVES_LLM_ALLOW_REMOTE=1 "
+                "to send prompts (and the API key) there"
+            )
+        if not self.model:
+            raise InputError(f"{self.engine}: set NINELIVES_LLM_MODEL (or 'model' in the plan)")
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
+    import ipaddress
+
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def public_url(url: str) -> str:
+    """``url`` without user info, query or fragment: safe to print."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        netloc = f"[{host}]" if ":" in host else host
+        if parts.port is not None:
+            netloc += f":{parts.port}"
+    except ValueError:
+        return "<unparsable URL>"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+class Engine(Protocol):
+    """What a step needs from a model: one request, one :class:`Reply`."""
+
+    name: str
+    model: str
+
+    def chat(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = ()
+    ) -> Reply:
+        """Send the conversation (neutral shape) and the tool definitions
+        (``{"name", "description", "parameters": JSON Schema}``); raise
+        :class:`~ninelives.errors.ToolError` if no usable reply comes back."""
+        ...
+
+
+def open_engine(config: EngineConfig) -> Engine:
+    """The engine ``config`` names."""
+    if config.engine == "ollama":
+        return OllamaEngine(config)
+    if config.engine == "openai":
+        return OpenAIEngine(config)
+    return StubEngine(config.model or "stub")
+
+
+# -- stub ---------------------------------------------------------------------
+
+
+def stub_lines(text: str) -> str:
+    """The stub's answer: the first three non-empty lines, stripped, joined by newlines."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return "\n".join(lines[:3])
+
+
+class StubEngine:
+    """Deterministic and offline, and counts words as tokens. It answers with the
+    first three non-empty lines of the last user message. Offered the
+    ``write_artifact`` tool before it has answered anything, it first calls it
+    once, publishing that answer as ``report.md``: enough to run an agent's
+    whole loop (a call, its result, the answer) without a model."""
+
+    name = "stub"
+
+    def __init__(self, model: str = "stub") -> None:
+        self.model = model
+
+    def chat(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = ()
+    ) -> Reply:
+        started = time.perf_counter()
+        last = next((m for m in reversed(messages) if m.get("role") == "user"), {"content": ""})
+        text = stub_lines(str(last.get("content") or ""))
+        words = sum(len(str(m.get("content") or "").split()) for m in messages)
+        calls: tuple[ToolCall, ...] = ()
+        answered = any(m.get("role") == "assistant" for m in messages)
+        if not answered and any(t.get("name") == "write_artifact" for t in tools):
+            arguments = {"name": "report.md", "text": text}
+            calls = (ToolCall(id="call_0", name="write_artifact", arguments=arguments),)
+            text = ""
+        return Reply(
+            text=text,
+            tool_calls=calls,
+            engine=self.name,
+            model=self.model,
+            input_tokens=words,
+            output_tokens=len(text.split()),
+            ms=round((time.perf_counter() - started) * 1000, 3),
+        )
+
+
+# -- HTTP engines -------------------------------------------------------------
+
+
+class _HttpEngine:
+    name = ""
+    path = ""
+
+    def __init__(self, config: EngineConfig) -> None:
+        config.check()
+        self.config = config
+        self.model = config.model
+        self.endpoint = config.url + self.path
+
+    def _fail(self, what: str) -> ToolError:
+        text = f"{self.name} at {public_url(self.endpoint)}: {what}"
+        if self.config.api_key:
+            text = text.replace(self.config.api_key, "***")
+        return ToolError(" ".join(text.split()))
+
+    def _post(self, body: Mapping[str, Any]) -> tuple[Any, float]:
+        """POST ``body`` as JSON; the decoded reply and the milliseconds it took."""
+        import http.client
+        import urllib.error
+        import urllib.request
+
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self.config.api_key:
+            headers["Authorization"] = f"Bearer {self.config.api_key}"
+        try:
+            data = json.dumps(body, ensure_ascii=False, allow_nan=False).encode("utf-8")
+        except (TypeError, ValueError, UnicodeEncodeError) as exc:
+            raise self._fail(f"request cannot be encoded as JSON: {exc}") from None
+        request = urllib.request.Request(self.endpoint, data=data, headers=headers, method="POST")
+        # No proxy from the environment and no redirects: the prompt and the key
+        # go to the configured URL and nowhere else.
+        opener = _opener()
+        timeout = self.config.timeout
+        started = time.perf_counter()
+        deadline = time.monotonic() + timeout
+        try:
+            with opener.open(request, timeout=timeout) as response:
+                raw = _read_until(response, deadline, MAX_REPLY_BYTES)
+        except urllib.error.HTTPError as exc:
+            detail = _error_detail(exc)
+            raise self._fail(f"HTTP {exc.code} {exc.reason}{detail}") from None
+        except TimeoutError:
+            raise self._fail(f"no reply within {timeout:g} s (NINELIVES_LLM_TIMEOUT)") from None
+        except urllib.error.URLError as exc:
+            reason = exc.reason
+            if isinstance(reason, TimeoutError):
+                raise self._fail(f"no reply within {timeout:g} s (NINELIVES_LLM_TIMEOUT)") from None
+            text = getattr(reason, "strerror", None) or str(reason)
+            raise self._fail(f"cannot connect: {text}") from None
+        except (http.client.HTTPException, ConnectionError) as exc:
+            raise self._fail(f"the reply broke off: {type(exc).__name__}: {exc}") from None
+        except OSError as exc:
+            raise self._fail(f"{exc.strerror or exc}") from None
+        ms = round((time.perf_counter() - started) * 1000, 3)
+        try:
+            return json.loads(raw), ms
+        except (ValueError, UnicodeDecodeError):
+            raise self._fail(f"the reply is not JSON: {_snippet(raw)}") from None
+
+    @staticmethod
+    def _count(value: Any) -> int:
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+class OllamaEngine(_HttpEngine):
+    """Ollama's ``/api/chat`` (non-streaming), with tool calling."""
+
+    name = "ollama"
+    path = "/api/chat"
+
+    def chat(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = ()
+    ) -> Reply:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [_to_ollama(m) for m in messages],
+            "stream": False,
+        }
+        if tools:
+            body["tools"] = [_tool_definition(t) for t in tools]
+        reply, ms = self._post(body)
+        message = reply.get("message") if isinstance(reply, dict) else None
+        if not isinstance(message, dict):
+            raise self._fail(f"the reply has no 'message' object: {_snippet(reply)}")
+        text = message.get("content") or ""
+        if not isinstance(text, str):
+            raise self._fail("the reply's message content is not text")
+        calls = []
+        for n, call in enumerate(message.get("tool_calls") or ()):
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                raise self._fail(f"tool call {n} has no function name")
+            arguments = function.get("arguments") or {}
+            if isinstance(arguments, str):  # some models send a JSON string anyway
+                arguments = _decode_arguments(arguments)
+            # Ollama's calls carry no id: number them, stable for this reply.
+            call_id = call.get("id") if isinstance(call.get("id"), str) else f"call_{n}"
+            calls.append(_call(call_id, function["name"], arguments))
+        return Reply(
+            text=text,
+            tool_calls=tuple(calls),
+            engine=self.name,
+            model=str(reply.get("model") or self.model),
+            input_tokens=self._count(reply.get("prompt_eval_count")),
+            output_tokens=self._count(reply.get("eval_count")),
+            ms=ms,
+        )
+
+
+class OpenAIEngine(_HttpEngine):
+    """The OpenAI-compatible ``/chat/completions`` endpoint, with tool calling."""
+
+    name = "openai"
+    path = "/chat/completions"
+
+    def chat(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = ()
+    ) -> Reply:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [_to_openai(m) for m in messages],
+        }
+        if tools:
+            body["tools"] = [_tool_definition(t) for t in tools]
+        reply, ms = self._post(body)
+        choices = reply.get("choices") if isinstance(reply, dict) else None
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise self._fail(f"the reply has no 'choices': {_snippet(reply)}")
+        message = choices[0].get("message")
+        if not isinstance(message, dict):
+            raise self._fail("the reply's first choice has no 'message' object")
+        text = message.get("content") or ""
+        if not isinstance(text, str):
+            raise self._fail("the reply's message content is not text")
+        calls = []
+        for n, call in enumerate(message.get("tool_calls") or ()):
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                raise self._fail(f"tool call {n} has no function name")
+            raw = function.get("arguments") or "{}"
+            arguments = _decode_arguments(raw) if isinstance(raw, str) else raw
+            call_id = call.get("id") if isinstance(call.get("id"), str) else f"call_{n}"
+            calls.append(_call(call_id, function["name"], arguments))
+        usage = reply.get("usage") if isinstance(reply.get("usage"), dict) else {}
+        return Reply(
+            text=text,
+            tool_calls=tuple(calls),
+            engine=self.name,
+            model=str(reply.get("model") or self.model),
+            input_tokens=self._count(usage.get("prompt_tokens")),
+            output_tokens=self._count(usage.get("completion_tokens")),
+            ms=ms,
+        )
+
+
+# -- wire formats -------------------------------------------------------------
+
+
+def _tool_definition(tool: Mapping[str, Any]) -> dict[str, Any]:
+    function: dict[str, Any] = {
+        "name": tool["name"],
+        "parameters": tool.get("parameters") or {"type": "object", "properties": {}},
+    }
+    if tool.get("description"):
+        function["description"] = tool["description"]
+    return {"type": "function", "function": function}
+
+
+def _to_openai(message: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": message["role"], "content": message.get("content") or ""}
+    if message.get("tool_calls"):
+        out["content"] = message.get("content") or None
+        out["tool_calls"] = [
+            {
+                "id": call["id"],
+                "type": "function",
+                "function": {
+                    "name": call["name"],
+                    "arguments": json.dumps(call["arguments"], ensure_ascii=False),
+                },
+            }
+            for call in message["tool_calls"]
+        ]
+    if message["role"] == "tool":
+        out["tool_call_id"] = message["tool_call_id"]
+    return out
+
+
+def _to_ollama(message: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": message["role"], "content": message.get("content") or ""}
+    if message.get("tool_calls"):
+        out["tool_calls"] = [
+            {"function": {"name": call["name"], "arguments": call["arguments"]}}
+            for call in message["tool_calls"]
+        ]
+    if message["role"] == "tool" and message.get("name"):
+        out["tool_name"] = message["name"]
+    return out
+
+
+def _decode_arguments(raw: str) -> Any:
+    try:
+        return json.loads(raw) if raw.strip() else {}
+    except ValueError:
+        # Not the model's fault alone, and not a reason to fail the exchange:
+        # the caller sees arguments that fail the tool's schema.
+        return {"_unparsed_arguments": raw}
+
+
+def _call(call_id: str, name: str, arguments: Any) -> ToolCall:
+    if not isinstance(arguments, dict):
+        arguments = {"_arguments": arguments}
+    return ToolCall(id=call_id, name=name, arguments=arguments)
+
+
+def _snippet(value: Any, limit: int = 120) -> str:
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else repr(value)
+    text = " ".join(text.split())
+    return text[:limit] + ("…" if len(text) > limit else "")
+
+
+def _error_detail(exc: Any) -> str:
+    try:
+        body = exc.read(2048)
+    except Exception:  # the body is a courtesy; the status is the error
+        return ""
+    return f": {_snippet(body)}" if body else ""
+
+
+def _read_until(response: Any, deadline: float, limit: int) -> bytes:
+    """The whole body, refusing one that trickles past the deadline or grows past ``limit``."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        if time.monotonic() > deadline:
+            raise TimeoutError
+        chunk = response.read1(1 << 16) if hasattr(response, "read1") else response.read(1 << 16)
+        if not chunk:
+            missing = getattr(response, "length", None)
+            if missing:  # the server promised more bytes than it sent
+                import http.client
+
+                raise http.client.IncompleteRead(b"".join(chunks), missing)
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > limit:
+            raise OSError(f"the reply is larger than {limit} bytes")
+        chunks.append(chunk)
+
+
+def _opener() -> Any:
+    """A urllib opener that ignores proxy settings and follows no redirect."""
+    import urllib.request
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any) -> None:
+            return None  # urllib then raises HTTPError with the 3xx status
+
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}), NoRedirect())

@@ -1,0 +1,234 @@
+"""Scripted model servers on loopback that speak Ollama's and OpenAI's wire formats.
+
+A :class:`FakeModelServer` answers ``POST /api/chat`` the way Ollama does and
+``POST /v1/chat/completions`` the way an OpenAI-compatible server does, from a
+script of turns given by the test, and records every request it receives. The
+test suite proves each format faithful by driving the fake with the official
+``ollama`` and ``openai`` clients before trusting it with ninelives' engines.
+
+A turn is a :class:`Turn` (text and tool calls, rendered in the asked format)
+or a fault: ``"hang"`` (never answers), ``"garbage"`` (200 with a body that
+is not JSON), ``"http500"``, ``"die"`` (headers promise a body that breaks off),
+``"wrong_shape"`` (JSON without the expected fields). When the script is used
+up, the last turn repeats. With ``by_turn=True`` the script is indexed by the
+number of assistant messages in the request instead of by arrival, so a
+conversation asked again (after a kill) gets the same answer again, as a
+deterministic model would give.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+FAULTS = ("hang", "garbage", "http500", "die", "wrong_shape")
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One scripted answer: text, and tool calls as ``(name, arguments)`` pairs."""
+
+    text: str = ""
+    calls: Sequence[tuple[str, dict[str, Any]]] = ()
+    input_tokens: int = 11
+    output_tokens: int = 7
+
+
+@dataclass
+class Request:
+    """One request the fake received: its path, headers (lower-case names) and JSON body."""
+
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclass
+class FakeModelServer:
+    """A loopback HTTP server answering from ``script``; see the module docstring."""
+
+    script: list[Turn | str] = field(default_factory=list)
+    requests: list[Request] = field(default_factory=list)
+    hang_seconds: float = 30.0
+    by_turn: bool = False
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._served = 0
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._released = threading.Event()
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT``: Ollama's base URL; OpenAI's is this plus ``/v1``."""
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> FakeModelServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._released.set()
+        self._server.shutdown()
+        self._server.server_close()
+
+    def count(self, path_suffix: str = "") -> int:
+        """How many requests arrived (whose path ends with ``path_suffix``)."""
+        with self._lock:
+            return sum(1 for r in self.requests if r.path.endswith(path_suffix))
+
+    def _next(self, body: Any) -> Turn | str:
+        with self._lock:
+            if not self.script:
+                return Turn(text="")
+            index = self._served
+            if self.by_turn:
+                index = turn_of(body)
+            self._served += 1
+            return self.script[min(index, len(self.script) - 1)]
+
+    def turns(self) -> list[int]:
+        """The turn number (assistant messages so far) of each request, in order."""
+        with self._lock:
+            return [turn_of(r.body) for r in self.requests]
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length)
+                try:
+                    body = json.loads(raw)
+                except ValueError:
+                    body = None
+                with fake._lock:
+                    fake.requests.append(
+                        Request(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+                    )
+                if self.path == "/api/chat":
+                    render = _ollama_reply
+                elif self.path == "/v1/chat/completions":
+                    render = _openai_reply
+                else:
+                    self._send(404, b'{"error": "not found"}')
+                    return
+                turn = fake._next(body)
+                if turn == "hang":
+                    fake._released.wait(fake.hang_seconds)
+                    return
+                if turn == "garbage":
+                    self._send(200, b"<html>this is not JSON</html>")
+                elif turn == "http500":
+                    self._send(500, b'{"error": "model crashed"}')
+                elif turn == "die":
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", "4096")
+                    self.end_headers()
+                    self.wfile.write(b'{"message": {"role": "assist')
+                    self.wfile.flush()
+                    self.close_connection = True
+                elif turn == "wrong_shape":
+                    self._send(200, b'{"result": "no message here"}')
+                elif isinstance(turn, Turn):
+                    model = body.get("model", "") if isinstance(body, dict) else ""
+                    self._send(200, json.dumps(render(turn, model)).encode())
+                else:  # pragma: no cover - a typo in a test's script
+                    raise ValueError(f"unknown scripted turn {turn!r}")
+
+            def _send(self, status: int, payload: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+        return Handler
+
+
+def turn_of(body: Any) -> int:
+    """How many assistant messages a request's conversation holds."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    return sum(1 for m in messages or () if isinstance(m, dict) and m.get("role") == "assistant")
+
+
+def _ollama_reply(turn: Turn, model: str) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": turn.text}
+    if turn.calls:
+        message["tool_calls"] = [
+            {"function": {"name": name, "arguments": args}} for name, args in turn.calls
+        ]
+    return {
+        "model": model,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime()),
+        "message": message,
+        "done": True,
+        "done_reason": "stop",
+        "total_duration": 1_000_000,
+        "load_duration": 1000,
+        "prompt_eval_count": turn.input_tokens,
+        "prompt_eval_duration": 1000,
+        "eval_count": turn.output_tokens,
+        "eval_duration": 1000,
+    }
+
+
+def _openai_reply(turn: Turn, model: str) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": turn.text or None}
+    if turn.calls:
+        message["tool_calls"] = [
+            {
+                "id": f"call_{n}_{name}",
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(args)},
+            }
+            for n, (name, args) in enumerate(turn.calls)
+        ]
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": "tool_calls" if turn.calls else "stop",
+                "logprobs": None,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": turn.input_tokens,
+            "completion_tokens": turn.output_tokens,
+            "total_tokens": turn.input_tokens + turn.output_tokens,
+        },
+    }
+
+
+@contextmanager
+def fake_model_server(
+    *script: Turn | str, hang_seconds: float = 30.0, by_turn: bool = False
+) -> Iterator[FakeModelServer]:
+    """Start a :class:`FakeModelServer` with ``script`` for the ``with`` block."""
+    server = FakeModelServer(script=list(script), hang_seconds=hang_seconds, by_turn=by_turn)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
