@@ -36,6 +36,7 @@ from .models import Event, EventKind, Run, Step, StepStatus, Task, TaskStatus
 
 if TYPE_CHECKING:
     from .runtime import Runtime
+    from .tools import ToolContext, tool
 
 __version__ = "0.1.0"
 
@@ -59,10 +60,12 @@ __all__ = [
     "TaskExists",
     "TaskFailed",
     "TaskStatus",
+    "ToolContext",
     "ToolError",
     "UnknownTask",
     "__version__",
     "open",
+    "tool",
 ]
 
 
@@ -82,4 +85,8 @@ def __getattr__(name: str) -> Any:
         from .runtime import Runtime
 
         return Runtime
+    if name in ("tool", "ToolContext"):
+        from . import tools
+
+        return getattr(tools, name)
     raise AttributeError(f"module 'ninelives' has no attribute {name!r}")

@@ -402,6 +402,8 @@ class Runtime:
         """Run the tool of a step committed ``running``: its output and the JSON
         text to store, or None once a ``step_error`` is recorded (the tool raised,
         or its output cannot be stored). Raises TaskFailed at the attempt limit."""
+        from .tools import ToolContext
+
         crashpoints.crash("before_effect", step.idx)
         if self.settings.step_delay:
             time.sleep(self.settings.step_delay)
@@ -409,7 +411,11 @@ class Runtime:
         # another runner may own by now (its commits would be fenced anyway).
         self.store.check_lease(run)
         try:
-            returned = tool(step.input, ctx, f"{run.task_id}-{step.idx}")
+            context = ToolContext(
+                task_id=run.task_id, step=step.idx, attempt=attempt, outputs=ctx,
+                idem_key=f"{run.task_id}-{step.idx}",
+            )  # fmt: skip
+            returned = tool.run(step.input, context)
             # Checked before the commit: text that cannot be stored (a lone
             # surrogate, NaN, too big) would otherwise fail the commit on
             # every attempt and leave the step running forever.

@@ -1,9 +1,12 @@
 """Tools: the protocol every step's tool follows, and the registry that finds them.
 
-A tool is called as ``tool(input, ctx, idem_key)``: ``input`` is the step's
-stored JSON input, ``ctx`` maps each done step's index to its committed output,
-and ``idem_key`` is ``<task_id>-<step_idx>``, stable across retries and restarts.
-It returns a JSON object, committed as the step's output. The executor is
+A tool is a function of the step's stored JSON ``input`` and a
+:class:`ToolContext` (``tool(input, ctx)``: the task id, the step index, the
+attempt, the outputs of the done steps, the idempotency key and the model
+engine), or in the contract's form ``tool(input, ctx, idem_key)``, where
+``ctx`` maps each done step's index to its committed output; ``idem_key`` is
+``<task_id>-<step_idx>``, stable across retries and restarts. It returns a
+JSON object, committed as the step's output. The executor is
 at-least-once: a tool with an outside effect must make it idempotent by
 ``idem_key`` (see :func:`ninelives.tools.effects.publish_once`).
 
@@ -39,17 +42,62 @@ class Tool:
     """
 
     name: str
-    fn: ToolFn
+    #: ``fn(input, ctx, idem_key)``, or ``fn(input, context)`` with ``takes_context``.
+    fn: Callable[..., Mapping[str, Any]]
     validate: Validator | None = None
     #: JSON Schema of the input: required for a tool an agent may call, whose
     #: model is shown it and whose calls are checked against it.
     schema: Mapping[str, Any] | None = None
     description: str = ""
+    #: True when ``fn`` takes ``(input, ctx)`` with a :class:`ToolContext`.
+    takes_context: bool = False
 
     def __call__(
         self, input: Mapping[str, Any], ctx: Mapping[int, Any], idem_key: str
     ) -> Mapping[str, Any]:
+        """Call the tool in the contract's form (a context is made for the other form)."""
+        if self.takes_context:
+            context = ToolContext(
+                task_id=idem_key.rpartition("-")[0],
+                step=int(idem_key.rpartition("-")[2]),
+                attempt=0,
+                outputs=ctx,
+                idem_key=idem_key,
+            )
+            return self.run(input, context)
         return self.fn(input, ctx, idem_key)
+
+    def run(self, input: Mapping[str, Any], context: ToolContext) -> Mapping[str, Any]:
+        """Call the tool for one attempt of a step."""
+        if self.takes_context:
+            return self.fn(input, context)
+        return self.fn(input, context.outputs, context.idem_key)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolContext:
+    """What a tool gets besides its input, for one attempt of one step."""
+
+    task_id: str
+    step: int
+    #: 1 for the first attempt; a recovered or retried step counts on.
+    attempt: int
+    #: The committed output of each done step, by index.
+    outputs: Mapping[int, Any]
+    #: ``<task_id>-<step>``: the same for every attempt, to make an effect idempotent.
+    idem_key: str
+
+    def engine(self, **overrides: str) -> Any:
+        """The model engine configured by ``NINELIVES_LLM*`` (``engine=``, ``model=``
+        override it), for a tool that calls a model itself."""
+        from ..llm import EngineConfig, open_engine
+
+        return open_engine(EngineConfig.from_env(None, **overrides))
+
+
+def _takes_context(fn: Callable[..., Any]) -> bool:
+    code = getattr(fn, "__code__", None)
+    return code is not None and code.co_argcount == 2
 
 
 class Registry:
@@ -111,9 +159,18 @@ _DECLARED: dict[str, dict[str, Tool]] = {}
 
 
 def tool(
-    name: str | None = None, *, validate: Validator | None = None
-) -> Callable[[ToolFn], ToolFn]:
+    name: str | None = None,
+    *,
+    schema: Mapping[str, Any] | None = None,
+    description: str = "",
+    validate: Validator | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Declare the decorated function as tool ``name`` (default: its own name).
+
+    The function takes ``(input, ctx)`` with a :class:`ToolContext`, or the
+    contract's ``(input, ctx, idem_key)``. ``schema`` (JSON Schema of the
+    input) lets agents call it: the model is shown it and ``description`` (by
+    default the function's docstring), and every call is checked against it.
 
     Declaring registers nothing by itself: a registry gets the tools of a module
     when the module is named in ``--tools`` or ``NINELIVES_TOOLS``
@@ -127,10 +184,17 @@ def tool(
             return {"text": ctx[step_input["from"]]["summary"].upper()}
     """
 
-    def decorator(fn: ToolFn) -> ToolFn:
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
         declared = name or str(getattr(fn, "__name__", ""))
         module = getattr(fn, "__module__", "") or ""
-        _DECLARED.setdefault(module, {})[declared] = Tool(name=declared, fn=fn, validate=validate)
+        _DECLARED.setdefault(module, {})[declared] = Tool(
+            name=declared,
+            fn=fn,
+            validate=validate,
+            schema=schema,
+            description=description or " ".join((fn.__doc__ or "").split()),
+            takes_context=_takes_context(fn),
+        )
         return fn
 
     return decorator

@@ -200,9 +200,7 @@ def make_write_artifact(settings: Settings) -> Tool:
             path = os.path.join(folder, "report.log")
             effects.append_unsafe(path, (summary + "\n---\n").encode())
             return {"path": path, "deduplicated": False}
-        published = effects.publish_once(
-            folder, name, summary.encode(), step=_step_of(idem_key)
-        )
+        published = effects.publish_once(folder, name, summary.encode(), step=_step_of(idem_key))
         return {
             "path": published.path,
             "deduplicated": published.deduplicated,
