@@ -183,7 +183,7 @@ def test_columns_added_later_do_not_disturb_a_reader(sqlite_lab: Lab, done_db: b
     db.write_bytes(done_db)
     before = lab.snapshot("t")
     conn = sqlite3.connect(db, isolation_level=None)
-    conn.execute("ALTER TABLE tasks ADD COLUMN artifacts TEXT")
+    conn.execute("ALTER TABLE tasks ADD COLUMN later TEXT")
     conn.execute("ALTER TABLE steps ADD COLUMN note TEXT")
     conn.close()
     assert lab.snapshot("t") == before
