@@ -349,14 +349,15 @@ def open_store(
     not ``create``) a SQLite file is opened for reading only: never created,
     migrated or switched to WAL, byte-for-byte unchanged, readable on a
     read-only file system; the store offers only the reads (``get_task``,
-    ``task_ids``, ``events``). ``lease`` and ``heartbeat`` (seconds) override
-    :func:`lease_settings` on PostgreSQL.
+    ``task_ids``, ``events``). On PostgreSQL ``readonly`` gives a session whose
+    transactions are all read-only and that never migrates. ``lease`` and
+    ``heartbeat`` (seconds) override :func:`lease_settings` on PostgreSQL.
     """
     if is_postgres_url(url):
         from .postgres import PostgresStore  # the only place psycopg gets imported
 
         lease_s, beat = lease_settings(lease=lease, heartbeat=heartbeat)
-        return PostgresStore(url, lease=lease_s, heartbeat=beat)
+        return PostgresStore(url, lease=lease_s, heartbeat=beat, readonly=readonly)
     path = url.removeprefix("sqlite://") if url.startswith("sqlite:///") else url
     if readonly:
         from .sqlite_reader import open_reader

@@ -172,9 +172,19 @@ class PostgresStore:
     dialect = "postgres"
 
     def __init__(
-        self, url: str, *, lease: float = DEFAULT_LEASE, heartbeat: float | None = None
+        self,
+        url: str,
+        *,
+        lease: float = DEFAULT_LEASE,
+        heartbeat: float | None = None,
+        readonly: bool = False,
     ) -> None:
+        """Connect and migrate the schema to this version; with ``readonly``, a
+        session whose transactions are all read-only, which never migrates: a
+        schema of another version is refused (:class:`StoreError`)."""
         self.url = url
+        self._readonly = readonly
+        self._empty = False
         self.lease = float(lease)
         self.heartbeat = float(heartbeat) if heartbeat is not None else self.lease / 3
         self._scrub = Redactor([url])
@@ -234,6 +244,8 @@ class PostgresStore:
             # A runner stopped inside a transaction must not keep the task's row
             # locked forever: the server ends such a session.
             conn.execute(f"SET idle_in_transaction_session_timeout = {max(lease_ms, 5000)}")
+            if self._readonly:  # the server itself refuses any write of this session
+                conn.execute("SET default_transaction_read_only = on")
         except psycopg.Error as exc:
             conn.close()
             raise StoreError(f"cannot use {self._shown}: {self._why(exc)}") from exc
@@ -368,6 +380,15 @@ class PostgresStore:
             raise StoreError(
                 f"database schema version {current} is newer than this ninelives ({latest})"
             )
+        if self._readonly and not version:
+            self._empty = True  # no ninelives schema yet: a database with no task
+            return
+        if current < latest and self._readonly:
+            found = f"schema version {current}"
+            raise StoreError(
+                f"{self._shown} has {found}, this ninelives reads version {latest}: a command "
+                "that writes (create, run, worker) migrates it; reading never does"
+            )
         if current < latest:
             self._migrate(steps)
 
@@ -483,6 +504,8 @@ class PostgresStore:
         return self.get_task(task_id)
 
     def get_task(self, task_id: str) -> Task:
+        if self._empty:
+            raise UnknownTask(f"unknown task {task_id!r} (no ninelives schema in {self._shown})")
         with self._read() as conn:
             return self._load(conn, task_id)
 
@@ -494,6 +517,8 @@ class PostgresStore:
         return Task.from_row(row, tuple(Step.from_row(task_id, r) for r in steps))
 
     def task_ids(self) -> list[str]:
+        if self._empty:
+            return []
         with self._read() as conn:
             return [row[0] for row in conn.execute(Q["task_ids"])]
 
@@ -784,6 +809,8 @@ class PostgresStore:
         return self.get_task(task_id)
 
     def events(self, task_id: str) -> list[Event]:
+        if self._empty:
+            return []
         with self._read() as conn:
             rows = conn.execute(Q["events"], {"id": task_id}).fetchall()
         return [Event.from_row(row) for row in rows]

@@ -1,0 +1,79 @@
+"""Reading a PostgreSQL database never writes: no schema is created or migrated, and
+the reading session's transactions are all read-only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from ninelives.errors import StoreError
+from ninelives.store import open_store
+from ninelives.testing import Lab
+
+pytestmark = pytest.mark.postgres
+
+
+def tables(url: str) -> list[str]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() ORDER BY 1"
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+def test_reading_an_empty_database_creates_no_schema(tmp_path: Path, pg_database: str) -> None:
+    lab = Lab(tmp_path, db=pg_database)
+    for args in (("status", "t"), ("export", "t")):
+        result = lab.cli(*args)
+        assert result.returncode == 1, result.stderr
+        assert "unknown task" in result.stderr
+    assert lab.cli("verify", "--all").returncode == 0
+    assert tables(pg_database) == []
+    # The control: a command that writes does create the schema.
+    lab.guide_setup()
+    assert lab.cli("create", "t", "plan.json").returncode == 0
+    assert "tasks" in tables(pg_database)
+
+
+def test_an_older_schema_is_refused_by_readers_and_left_as_it_is(
+    tmp_path: Path, pg_database: str
+) -> None:
+    lab = Lab(tmp_path, db=pg_database)
+    lab.guide_setup()
+    assert lab.cli("create", "t", "plan.json").returncode == 0
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        latest = conn.execute("SELECT max(version) FROM ninelives_schema").fetchone()[0]
+        conn.execute("DELETE FROM ninelives_schema WHERE version = %s", (latest,))
+    result = lab.cli("status", "t")
+    assert result.returncode == 5
+    assert "reading never does" in result.stderr
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        assert conn.execute("SELECT max(version) FROM ninelives_schema").fetchone()[0] == latest - 1
+
+
+def test_the_reading_session_cannot_write(pg_database: str) -> None:
+    open_store(pg_database).close()  # a writer makes the schema
+    reader = open_store(pg_database, readonly=True)
+    try:
+        assert reader.task_ids() == []
+        conn = reader._connection()  # type: ignore[attr-defined]
+        with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+            conn.execute("CREATE TABLE planted (x integer)")
+    finally:
+        reader.close()
+    # The control: the writer's session can.
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        conn.execute("CREATE TABLE planted (x integer)")
+    assert "planted" in tables(pg_database)
+
+
+def test_a_newer_schema_is_refused_by_readers(pg_database: str) -> None:
+    open_store(pg_database).close()
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO ninelives_schema (version, name, applied_at) VALUES (9999, 'future', 0)"
+        )
+    with pytest.raises(StoreError, match="newer"):
+        open_store(pg_database, readonly=True)
