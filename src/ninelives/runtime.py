@@ -266,8 +266,11 @@ class Runtime:
             return
         for step in task.steps:
             if step.status in (StepStatus.PENDING, StepStatus.RUNNING):
+                # An agent's turn needs the tools it may call as well as its own.
+                agent = step.input.get("tools", []) if step.tool == AGENT_TOOL else []
                 try:
-                    self.tools.lookup(step.tool)
+                    for name in (step.tool, *agent):
+                        self.tools.lookup(name)
                 except PlanError as exc:
                     raise PlanError(
                         f"task {task.id!r} step {step.idx} needs {exc}; it was not "

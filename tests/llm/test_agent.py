@@ -216,3 +216,26 @@ def test_bad_agent_sections_are_refused_at_create(
     assert result.returncode == 4
     assert message in result.stderr
     assert lab.cli("status", "t").returncode == 1
+
+
+def test_a_tool_the_agent_may_call_missing_here_refuses_the_run(lab: Lab) -> None:
+    """The agent's tools are resolved before the claim too: a host without one of them
+    writes nothing (exit 4) instead of burning the turn's attempts."""
+    import ninelives
+    from ninelives.settings import Settings
+    from ninelives.tools import Tool
+    from ninelives.tools.builtin import default_registry
+
+    tools = default_registry(Settings())
+    tools.add(Tool(name="ticket", fn=lambda i, c, k: {}, schema={"type": "object"}))
+    plan = {**PLAN, "agent": {"tools": ["fetch", "ticket"]}}
+    setup_files = lab.write("input/notes.txt", NOTES)
+    assert setup_files.exists()
+    db = lab.db if lab.sqlite_path is None else str(lab.sqlite_path)
+    with ninelives.open(db, tools=tools) as rt:
+        rt.create("t", plan)
+    before = lab.fingerprint("t")
+    ran = lab.cli("run", "t")
+    assert ran.returncode == 4, ran.stderr
+    assert "unknown tool 'ticket'" in ran.stderr
+    assert lab.fingerprint("t") == before
