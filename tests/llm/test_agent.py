@@ -229,8 +229,7 @@ def test_a_tool_the_agent_may_call_missing_here_refuses_the_run(lab: Lab) -> Non
     tools = default_registry(Settings())
     tools.add(Tool(name="ticket", fn=lambda i, c, k: {}, schema={"type": "object"}))
     plan = {**PLAN, "agent": {"tools": ["fetch", "ticket"]}}
-    setup_files = lab.write("input/notes.txt", NOTES)
-    assert setup_files.exists()
+    lab.write("input/notes.txt", NOTES)
     db = lab.db if lab.sqlite_path is None else str(lab.sqlite_path)
     with ninelives.open(db, tools=tools) as rt:
         rt.create("t", plan)
