@@ -310,6 +310,23 @@ class _HttpEngine:
         except (ValueError, UnicodeDecodeError):
             raise self._fail(f"the reply is not JSON: {_snippet(raw)}") from None
 
+    def _calls(self, raw: Any) -> tuple[ToolCall, ...]:
+        """The tool calls of a reply's message, in both wire formats: OpenAI sends
+        arguments as a JSON string and an id, Ollama an object and no id."""
+        calls = []
+        for n, call in enumerate(raw if isinstance(raw, list) else ()):
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                raise self._fail(f"tool call {n} has no function name")
+            arguments = function.get("arguments") or {}
+            if isinstance(arguments, str):
+                arguments = _decode_arguments(arguments)
+            # Numbered when the wire has no id: stable for this reply, which is
+            # committed with the turn, so the next turn answers the same ids.
+            call_id = call.get("id") if isinstance(call.get("id"), str) else f"call_{n}"
+            calls.append(_call(call_id, function["name"], arguments))
+        return tuple(calls)
+
     @staticmethod
     def _count(value: Any) -> int:
         return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
@@ -338,20 +355,9 @@ class OllamaEngine(_HttpEngine):
         text = message.get("content") or ""
         if not isinstance(text, str):
             raise self._fail("the reply's message content is not text")
-        calls = []
-        for n, call in enumerate(message.get("tool_calls") or ()):
-            function = call.get("function") if isinstance(call, dict) else None
-            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-                raise self._fail(f"tool call {n} has no function name")
-            arguments = function.get("arguments") or {}
-            if isinstance(arguments, str):  # some models send a JSON string anyway
-                arguments = _decode_arguments(arguments)
-            # Ollama's calls carry no id: number them, stable for this reply.
-            call_id = call.get("id") if isinstance(call.get("id"), str) else f"call_{n}"
-            calls.append(_call(call_id, function["name"], arguments))
         return Reply(
             text=text,
-            tool_calls=tuple(calls),
+            tool_calls=self._calls(message.get("tool_calls")),
             engine=self.name,
             model=str(reply.get("model") or self.model),
             input_tokens=self._count(reply.get("prompt_eval_count")),
@@ -385,19 +391,10 @@ class OpenAIEngine(_HttpEngine):
         text = message.get("content") or ""
         if not isinstance(text, str):
             raise self._fail("the reply's message content is not text")
-        calls = []
-        for n, call in enumerate(message.get("tool_calls") or ()):
-            function = call.get("function") if isinstance(call, dict) else None
-            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-                raise self._fail(f"tool call {n} has no function name")
-            raw = function.get("arguments") or "{}"
-            arguments = _decode_arguments(raw) if isinstance(raw, str) else raw
-            call_id = call.get("id") if isinstance(call.get("id"), str) else f"call_{n}"
-            calls.append(_call(call_id, function["name"], arguments))
         usage = reply.get("usage") if isinstance(reply.get("usage"), dict) else {}
         return Reply(
             text=text,
-            tool_calls=tuple(calls),
+            tool_calls=self._calls(message.get("tool_calls")),
             engine=self.name,
             model=str(reply.get("model") or self.model),
             input_tokens=self._count(usage.get("prompt_tokens")),
