@@ -791,13 +791,8 @@ class PostgresStore:
             if row is None:
                 raise UnknownTask(f"unknown task {task_id!r}")
             held, live = row
-            if live:
-                # As in begin_run: a live lease whose holder's session is gone is free.
-                if not _scalar(conn, Q["holder_lock"], {"id": task_id, "epoch": held}):
-                    raise TaskBusy(
-                        f"task {task_id!r} is being run by another live process (its lease is held)"
-                    )
-                conn.execute(Q["holder_unlock"], {"id": task_id, "epoch": held})
+            if live:  # as in begin_run: free only if its holder is provably gone
+                self._take_over_early(conn, task_id, held)
             task = self._load(conn, task_id)
             idx = retry_target(task, step)
             conn.execute(Q["retry_task"], {"id": task_id})

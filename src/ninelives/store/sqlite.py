@@ -38,6 +38,7 @@ from .sqlite_files import (
     check_sqlite_version,
     identity,
     not_ours,
+    quick_check_findings,
     resolve,
 )
 
@@ -645,14 +646,7 @@ class SQLiteStore:
             rows = self._conn.execute("PRAGMA quick_check").fetchall()
         except sqlite3.Error as exc:
             return [f"quick_check failed: {_describe(exc)}"]
-        # One finding per line; SQLite prefixes them with a "*** in database" header.
-        return [
-            line
-            for row in rows
-            if row[0] != "ok"
-            for line in str(row[0]).splitlines()
-            if line.strip() and not line.startswith("*** in database")
-        ]
+        return quick_check_findings(rows)
 
     def close(self) -> None:
         for lock in self._locks.values():

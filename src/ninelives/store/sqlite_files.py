@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import stat
+from typing import Any
 
 from ..errors import StoreError
 
@@ -137,3 +138,15 @@ def not_ours(shown: str, tables: set[str]) -> StoreError:
         f"{shown} is not a ninelives database (a SQLite file without the tasks, steps "
         f"and events tables; it has: {listed}); nothing was changed"
     )
+
+
+def quick_check_findings(rows: list[Any]) -> list[str]:
+    """The findings of ``PRAGMA quick_check`` rows, one per line; empty when sound.
+    SQLite prefixes them with a "*** in database" header, which is dropped."""
+    return [
+        line
+        for row in rows
+        if row[0] != "ok"
+        for line in str(row[0]).splitlines()
+        if line.strip() and not line.startswith("*** in database")
+    ]

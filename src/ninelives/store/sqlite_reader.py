@@ -37,7 +37,14 @@ from typing import TypeVar
 from ..errors import StoreError, UnknownTask
 from ..models import Event, Step, Task
 from . import MissingStore, sql
-from .sqlite_files import CONTRACT_TABLES, header, header_is_wal, not_ours, resolve
+from .sqlite_files import (
+    CONTRACT_TABLES,
+    header,
+    header_is_wal,
+    not_ours,
+    quick_check_findings,
+    resolve,
+)
 
 Q = sql.load_queries("sqlite")
 T = TypeVar("T")
@@ -266,13 +273,7 @@ class SQLiteReader:
             rows = self._reading(lambda conn: conn.execute("PRAGMA quick_check").fetchall())
         except StoreError as exc:
             return [f"quick_check failed: {exc}"]
-        return [
-            line
-            for row in rows
-            if row[0] != "ok"
-            for line in str(row[0]).splitlines()
-            if line.strip() and not line.startswith("*** in database")
-        ]
+        return quick_check_findings(rows)
 
     def begin_run(self, task_id: str, run_id: str, *, start_first: bool = False) -> None:
         """Readers do not run tasks."""
