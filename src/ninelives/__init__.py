@@ -19,18 +19,24 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import (
     CommitUnknown,
+    DamagedTask,
+    EffectUnknown,
     InputError,
     InvalidTaskId,
     LeaseLost,
     NineLivesError,
+    OutputFailed,
+    OutputRefused,
     PlanError,
     PlanMismatch,
     StoreError,
     TaskBusy,
     TaskExists,
     TaskFailed,
+    TasksLeft,
     ToolError,
     UnknownTask,
+    VerificationFailed,
 )
 from .models import Event, EventKind, Run, Step, StepStatus, Task, TaskStatus
 
@@ -42,12 +48,16 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CommitUnknown",
+    "DamagedTask",
+    "EffectUnknown",
     "Event",
     "EventKind",
     "InputError",
     "InvalidTaskId",
     "LeaseLost",
     "NineLivesError",
+    "OutputFailed",
+    "OutputRefused",
     "PlanError",
     "PlanMismatch",
     "Run",
@@ -60,9 +70,11 @@ __all__ = [
     "TaskExists",
     "TaskFailed",
     "TaskStatus",
+    "TasksLeft",
     "ToolContext",
     "ToolError",
     "UnknownTask",
+    "VerificationFailed",
     "__version__",
     "open",
     "tool",
