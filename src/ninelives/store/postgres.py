@@ -27,29 +27,19 @@ since a session advisory lock marks a live lease holder.
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
 
-# psycopg logs a warning when it leaves a pipeline aborted by an error that we
-# handle ourselves (a unique violation at create, say). With no logging set
-# up, Python's last-resort handler would print it: a second stderr line next
-# to the command's one-line error. A handler on psycopg's logger stops that;
-# an application that configures logging still gets the records.
-if not logging.getLogger("psycopg").handlers:
-    logging.getLogger("psycopg").addHandler(logging.NullHandler())
-
 from .. import crashpoints
-from ..errors import CommitUnknown, LeaseLost, StoreError, TaskBusy, TaskExists, UnknownTask
+from ..errors import LeaseLost, StoreError, TaskBusy, TaskExists, UnknownTask
 from ..journal import dumps
 from ..models import Event, EventKind, Run, Step, Task, TaskStatus
 from ..plan import Plan
@@ -59,17 +49,18 @@ from . import (
     heartbeat_disabled,
     recovery_limit_reason,
     retry_target,
-    sql,
     task_exists,
 )
 from .conninfo import Redactor, redact_url
-
-Q = sql.load_queries("postgres")
-CONNECT_TIMEOUT = 10
-#: How long ``run`` waits for a row another runner is committing to, before exit 3.
-LOCK_TIMEOUT_MS = 2000
-
-Conn = psycopg.Connection[Any]
+from .postgres_session import (
+    LOCK_TIMEOUT_MS,
+    Conn,
+    Q,
+    Session,
+    _Heartbeat,
+    _Lease,
+    _scalar,
+)
 
 
 def redact(url: str) -> str:
@@ -77,99 +68,12 @@ def redact(url: str) -> str:
     return redact_url(url)
 
 
-def _say(exc: BaseException, scrub: Callable[[str], str] = str) -> str:
-    """One line of a driver error, passed through ``scrub``: psycopg echoes a
-    connection string it cannot parse, password and all."""
-    return scrub(" ".join(str(exc).split()) or type(exc).__name__)
-
-
-def _scalar(conn: Conn, query: str, params: dict[str, Any]) -> Any:
-    row = conn.execute(query, params).fetchone()
-    if row is None:
-        raise StoreError(f"query returned no row: {query.split()[0]}")
-    return row[0]
-
-
-class _Lease:
-    """What this process knows of one lease it holds (mutable, guarded by a lock)."""
-
-    __slots__ = ("lost", "owner", "run", "valid_until")
-
-    def __init__(self, run: Run, owner: str, valid_until: float) -> None:
-        self.run = run
-        self.owner = owner
-        self.valid_until = valid_until  # time.monotonic() before which it surely holds
-        self.lost = False
-
-
-class _Heartbeat:
-    """Renews a store's leases every ``interval`` seconds on a connection of its own."""
-
-    def __init__(self, store: PostgresStore) -> None:
-        self._store = store
-        self._leases: dict[str, _Lease] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="ninelives-heartbeat", daemon=True)
-        self._thread.start()
-
-    def add(self, lease: _Lease) -> None:
-        with self._store._mutex:
-            self._leases[lease.run.run_id] = lease
-
-    def remove(self, run_id: str) -> None:
-        with self._store._mutex:
-            self._leases.pop(run_id, None)
-
-    def stop(self) -> None:
-        self._stop.set()
-        # A renewal stuck on a cut link ends by the TCP timeout; never wait for it here.
-        self._thread.join(timeout=1.0)
-
-    def _loop(self) -> None:
-        store = self._store
-        conn: Conn | None = None
-        # Holder locks this connection holds. The heartbeat holds them too, so
-        # a holder whose main session died (terminated, a cut connection) while
-        # its process lives and renews still shows as live to ``run``.
-        locked: set[tuple[str, int]] = set()
-        while not self._stop.wait(store.heartbeat):
-            with store._mutex:
-                leases = [lease for lease in self._leases.values() if not lease.lost]
-            try:
-                if conn is None or conn.closed or conn.broken:
-                    locked = set()
-                    conn = store._connect()
-                self._unlock_ended(conn, locked, {(le.run.task_id, le.run.epoch) for le in leases})
-                for lease in leases:
-                    sent = time.monotonic()
-                    cur = conn.execute(Q["renew"], store._lease_params(lease.run))
-                    store._renewed(lease, sent, ok=cur.rowcount == 1)
-                    key = (lease.run.task_id, lease.run.epoch)
-                    if cur.rowcount == 1 and key not in locked:
-                        if _scalar(conn, Q["holder_lock"], {"id": key[0], "epoch": key[1]}):
-                            locked.add(key)
-            except (psycopg.Error, StoreError):
-                if conn is not None:
-                    conn.close()
-                conn = None  # try again next beat; the lease may expire meanwhile
-        if conn is not None:
-            conn.close()
-
-    @staticmethod
-    def _unlock_ended(conn: Conn, locked: set[tuple[str, int]], held: set[tuple[str, int]]) -> None:
-        for task_id, epoch in sorted(locked - held):
-            conn.execute(Q["holder_unlock"], {"id": task_id, "epoch": epoch})
-            locked.discard((task_id, epoch))
-
-
-class PostgresStore:
+class PostgresStore(Session):
     """A :class:`~ninelives.store.Store` on one PostgreSQL database.
 
     One runner thread per store (plus its heartbeat thread); a worker with
     several slots opens one store per slot.
     """
-
-    dialect = "postgres"
 
     def __init__(
         self,
@@ -216,201 +120,7 @@ class PostgresStore:
             self.close()
             raise
 
-    # -- connections --------------------------------------------------------
-
-    def _why(self, exc: BaseException) -> str:
-        """A driver error as one line, without the password in any form."""
-        return _say(exc, self._scrub)
-
-    def _connect(self) -> Conn:
-        lease_ms = int(self.lease * 1000)
-        try:
-            conn = psycopg.connect(
-                self.url,
-                autocommit=True,
-                connect_timeout=CONNECT_TIMEOUT,
-                application_name="ninelives",
-                # A request on a dead link fails after one lease instead of
-                # TCP's quarter of an hour; an idle one is probed as often.
-                tcp_user_timeout=max(lease_ms, 5000),
-                keepalives=1,
-                keepalives_idle=max(1, int(self.lease / 2)),
-                keepalives_interval=max(1, int(self.lease / 4)),
-                keepalives_count=3,
-            )
-        except psycopg.Error as exc:
-            raise StoreError(f"cannot connect to {self._shown}: {self._why(exc)}") from exc
-        try:
-            # A runner stopped inside a transaction must not keep the task's row
-            # locked forever: the server ends such a session.
-            conn.execute(f"SET idle_in_transaction_session_timeout = {max(lease_ms, 5000)}")
-            if self._readonly:  # the server itself refuses any write of this session
-                conn.execute("SET default_transaction_read_only = on")
-        except psycopg.Error as exc:
-            conn.close()
-            raise StoreError(f"cannot use {self._shown}: {self._why(exc)}") from exc
-        return conn
-
-    def _connection(self) -> Conn:
-        conn = self._conn
-        if conn is None or conn.closed or conn.broken:
-            self._drop()
-            conn = self._conn = self._connect()
-            self._relock(conn)
-        return conn
-
-    def _relock(self, conn: Conn) -> None:
-        """Take again, on a new session, the holder locks of the leases still held:
-        the old session's died with it, and a free lock reads as a dead holder."""
-        try:
-            for lease in list(self._leases.values()):
-                if not lease.lost:
-                    conn.execute(Q["holder_lock"], self._lease_params(lease.run))
-        except psycopg.Error as exc:
-            self._drop()
-            raise StoreError(f"cannot use {self._shown}: {self._why(exc)}") from exc
-
-    def _drop(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except psycopg.Error:
-                pass
-
-    def _rollback(self, conn: Conn) -> None:
-        try:
-            conn.execute("ROLLBACK")
-        except psycopg.Error:
-            self._drop()
-
-    # -- transactions -------------------------------------------------------
-
-    @contextmanager
-    def _write(self) -> Iterator[Conn]:
-        """One transaction, pipelined: statements are sent without waiting for
-        each reply, and checks that need replies (the fence first) are deferred
-        to :meth:`_settle`, which runs before COMMIT or before any result is
-        read. A fenced commit costs two round trips instead of one per statement."""
-        conn = self._connection()
-        committing = False
-        self._checks = []
-        try:
-            with conn.pipeline() as pipe:
-                self._pipe = pipe
-                conn.execute("BEGIN")
-                yield conn
-                self._settle()
-                committing = True
-                conn.execute("COMMIT")
-            # leaving the pipeline waits for the COMMIT's reply
-        except BaseException as exc:
-            self._checks = []
-            if committing:
-                self._drop()  # whatever the session's state, it is not to be trusted
-            else:
-                self._rollback(conn)
-            if isinstance(exc, pg_errors.UniqueViolation):
-                raise
-            if isinstance(exc, psycopg.Error):
-                raise self._translate(exc, committing=committing) from exc
-            raise
-        finally:
-            self._pipe = None
-
-    def _settle(self) -> None:
-        """Wait for the replies sent so far and run the deferred checks in order."""
-        if not self._checks:
-            return
-        assert self._pipe is not None
-        self._pipe.sync()
-        checks, self._checks = self._checks, []
-        for check in checks:
-            check()
-
-    def _fetch(self, cur: psycopg.Cursor[Any]) -> Any:
-        """``cur.fetchone()`` once the deferred checks (the fence) have passed."""
-        self._settle()
-        return cur.fetchone()
-
-    def _expect_one(self, cur: psycopg.Cursor[Any], error: str) -> None:
-        """Defer: ``cur`` must have changed exactly one row, else StoreError(error)."""
-
-        def check() -> None:
-            if cur.rowcount != 1:
-                raise StoreError(error)
-
-        self._checks.append(check)
-
-    def _translate(self, exc: psycopg.Error, *, committing: bool) -> Exception:
-        if isinstance(exc, pg_errors.LockNotAvailable):
-            return TaskBusy("the task is being committed by another live runner; try again")
-        if committing:
-            return CommitUnknown(
-                f"commit to {self._shown} failed ({self._why(exc)}); its outcome is unknown, "
-                "stopping now: the next run recovers"
-            )
-        return StoreError(f"database {self._shown}: {self._why(exc)}")
-
-    @contextmanager
-    def _read(self) -> Iterator[Conn]:
-        conn = self._connection()
-        try:
-            with conn.pipeline():
-                conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                yield conn
-                conn.execute("COMMIT")
-        except BaseException as exc:
-            self._rollback(conn)
-            if isinstance(exc, psycopg.Error):
-                raise StoreError(f"cannot read {self._shown}: {self._why(exc)}") from exc
-            raise
-
-    def _configure(self) -> None:
-        steps = sql.migrations(self.dialect)
-        latest = steps[-1][0]
-        conn = self._connection()
-        try:
-            exists = conn.execute(Q["schema_exists"]).fetchone()
-            version = conn.execute(Q["schema_version"]).fetchone() if exists and exists[0] else None
-        except psycopg.Error as exc:
-            raise StoreError(f"cannot use {self._shown}: {self._why(exc)}") from exc
-        current = int(version[0]) if version else 0
-        if current > latest:
-            raise StoreError(
-                f"database schema version {current} is newer than this ninelives ({latest})"
-            )
-        if self._readonly and not version:
-            self._empty = True  # no ninelives schema yet: a database with no task
-            return
-        if current < latest and self._readonly:
-            found = f"schema version {current}"
-            raise StoreError(
-                f"{self._shown} has {found}, this ninelives reads version {latest}: a command "
-                "that writes (create, run, worker) migrates it; reading never does"
-            )
-        if current < latest:
-            self._migrate(steps)
-
-    def _migrate(self, steps: list[tuple[int, str, str]]) -> None:
-        # DDL is transactional here: all of it commits, or none. The advisory
-        # lock makes concurrent first starts (many workers) migrate once.
-        with self._write() as conn:
-            conn.execute(Q["migration_lock"])
-            conn.execute(Q["schema_table"])
-            row = conn.execute(Q["schema_version"]).fetchone()
-            version = int(row[0]) if row else 0
-            for number, name, path in steps:
-                if number > version:
-                    for statement in sql.statements(path):
-                        conn.execute(statement)  # DDL without parameters: sent as is
-                    conn.execute(Q["schema_applied"], {"version": number, "name": name})
-            crashpoints.crash("migration_before_commit")
-
     # -- leases -------------------------------------------------------------
-
-    def _lease_params(self, run: Run) -> dict[str, Any]:
-        return {"id": run.task_id, "epoch": run.epoch, "lease": self.lease}
 
     def _renewed(self, lease: _Lease, sent: float, *, ok: bool) -> None:
         with self._mutex:
