@@ -124,9 +124,12 @@ def test_fetch_of_a_file_over_the_size_cap_is_refused(lab: Lab) -> None:
     ]
 
 
-def test_fetch_at_the_size_cap_is_read(lab: Lab) -> None:
-    # The control of the cap: a file of exactly the limit is fetched.
+def test_fetch_at_the_size_cap_is_read(sqlite_lab: Lab) -> None:
+    # The control of the cap: a file of exactly the limit is fetched. (SQLite only:
+    # what is tested is fetch; storing 32 MiB is each store's own business.)
     from ninelives.tools.builtin import MAX_FETCH_BYTES
+
+    lab = sqlite_lab
 
     plan = {"goal": "g", "steps": [{"tool": "fetch", "input": {"path": "input/big.txt"}}]}
     lab.write_plan(plan)
@@ -175,9 +178,10 @@ def test_a_folder_under_a_temp_name_does_not_block_the_task(lab: Lab) -> None:
 
 
 def test_an_artifacts_folder_that_cannot_be_listed_does_not_block_the_task(lab: Lab) -> None:
+    lab.base_env["AGENT_ARTIFACTS"] = "loop"  # recorded with the task at create
     created(lab)
     os.symlink("loop", lab.root / "loop")
-    result = lab.cli("run", "t", AGENT_ARTIFACTS="loop")  # listing it fails with ELOOP
+    result = lab.cli("run", "t")  # listing it fails with ELOOP
     assert result.returncode == 2, result  # publishing there fails too, as a step error
     assert "Traceback" not in result.stderr
     assert [line for line in result.stderr.splitlines() if "cannot list loop" in line]

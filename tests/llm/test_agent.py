@@ -231,7 +231,7 @@ def test_a_tool_the_agent_may_call_missing_here_refuses_the_run(lab: Lab) -> Non
     plan = {**PLAN, "agent": {"tools": ["fetch", "ticket"]}}
     lab.write("input/notes.txt", NOTES)
     db = lab.db if lab.sqlite_path is None else str(lab.sqlite_path)
-    with ninelives.open(db, tools=tools) as rt:
+    with ninelives.open(db, settings=Settings(artifacts=str(lab.artifacts_dir)), tools=tools) as rt:
         rt.create("t", plan)
     before = lab.fingerprint("t")
     ran = lab.cli("run", "t")

@@ -51,6 +51,12 @@ def execute_sql(lab: Lab, statement: str, params: tuple[Any, ...] = ()) -> None:
         pg.execute(statement, params)  # type: ignore[arg-type]
 
 
+def in_lab(lab: Lab) -> Settings:
+    """Settings whose artifacts folder is the lab's: a task created here records it,
+    and the lab's worker and run processes publish there."""
+    return Settings(artifacts=str(lab.artifacts_dir))
+
+
 def with_tools(**tools: Callable[..., Any]) -> Registry:
     registry = default_registry(Settings())
     for name, fn in tools.items():
@@ -74,7 +80,7 @@ def fleet(lab: Lab) -> Iterator[Fleet]:
 
 
 def test_a_tool_missing_here_is_refused_before_anything_is_written(lab: Lab) -> None:
-    with ninelives.open(url(lab), tools=with_tools(shout=shout)) as rt:
+    with ninelives.open(url(lab), settings=in_lab(lab), tools=with_tools(shout=shout)) as rt:
         rt.create("t", SHOUT_PLAN)
     before = lab.fingerprint("t")
     for _ in range(5):
@@ -88,13 +94,13 @@ def test_a_tool_missing_here_is_refused_before_anything_is_written(lab: Lab) -> 
     assert snap.status["steps"][0]["attempts"] == 0
     assert [e["kind"] for e in snap.events] == ["task_created"]
     # Where the tool exists, the task runs as if nothing had happened.
-    with ninelives.open(url(lab), tools=with_tools(shout=shout)) as rt:
+    with ninelives.open(url(lab), settings=in_lab(lab), tools=with_tools(shout=shout)) as rt:
         assert rt.run("t").status.value == "done"
 
 
 def test_drain_ends_and_names_the_tasks_it_cannot_run(fleet: Fleet) -> None:
     lab = fleet.lab
-    with ninelives.open(url(lab), tools=with_tools(shout=shout)) as rt:
+    with ninelives.open(url(lab), settings=in_lab(lab), tools=with_tools(shout=shout)) as rt:
         rt.create("a", GUIDE_PLAN, queue="default")
         rt.create("s", SHOUT_PLAN, queue="default")
         rt.create("b", GUIDE_PLAN, queue="default")
@@ -247,7 +253,7 @@ def test_nul_and_odd_text_in_an_output_round_trip(lab: Lab) -> None:
     text = "a\x00b \u2028 \U0001f600 \x7f"
     tool = returning({"text": text, "n": [1, 2.5, None, True]})
     plan = {"goal": "g", "steps": [{"tool": "model", "input": {}}]}
-    with ninelives.open(url(lab), tools=with_tools(model=tool)) as rt:
+    with ninelives.open(url(lab), settings=in_lab(lab), tools=with_tools(model=tool)) as rt:
         rt.create("t", plan)
         assert rt.run("t").steps[0].output == {"text": text, "n": [1, 2.5, None, True]}
     status = lab.cli("status", "t", "--outputs")
