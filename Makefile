@@ -2,7 +2,7 @@
 #   make demo       create, kill, resume and show a task on the embedded SQLite default
 #   make test       lint, type-check, the whole suite (starts its own PostgreSQL), the
 #                   reliability slice, then the demo from a fresh copy and from a built
-#                   wheel: about 6-8 minutes; this is what CI runs
+#                   wheel: about 25 minutes on 2 cores; this is what CI runs
 #   make test-fast  lint and the quick tests only (no PostgreSQL, nothing marked slow)
 
 ifndef PYTHON
@@ -49,7 +49,7 @@ lint: $(VENV)/.installed
 	$(BIN)/mypy
 
 test: lint system-deps
-	@echo "==> the whole suite: real processes killed with SIGKILL, a throwaway PostgreSQL (about 5 minutes)"
+	@echo "==> the whole suite: real processes killed with SIGKILL, a throwaway PostgreSQL (about 20 minutes on 2 cores)"
 	NINELIVES_FORBID_SKIPS=1 $(BIN)/pytest
 	@echo "==> the reliability slice: random kills, power cuts, I/O faults, simulation seeds (about 1 minute)"
 	$(BIN)/python bench/reliability.py --quick
