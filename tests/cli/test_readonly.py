@@ -22,6 +22,7 @@ import pytest
 from ninelives.store import open_store, sql
 from ninelives.testing import Lab, Result
 from ninelives.testing.iofault import SmallDiskUnavailable, small_disk
+from ninelives.testing.lab import GUIDE_SCHEMA
 
 READS = [("status", "t"), ("export", "t"), ("verify", "t"), ("verify", "--all")]
 WRITES = [("create", "new", "plan.json"), ("run", "t")]
@@ -112,13 +113,8 @@ def test_an_empty_file_reads_as_no_task_and_stays_empty(sqlite_lab: Lab) -> None
     assert lab.files() == {"state.db": "sha256:" + hashlib.sha256(b"").hexdigest()}
 
 
-GUIDE_SCHEMA = """
-CREATE TABLE tasks (id TEXT PRIMARY KEY, goal TEXT, status TEXT, created_at REAL, updated_at REAL);
-CREATE TABLE steps (task_id TEXT, idx INTEGER, tool TEXT, input TEXT,
-                    status TEXT DEFAULT 'pending', output TEXT, attempts INTEGER DEFAULT 0,
-                    PRIMARY KEY (task_id, idx));
-CREATE TABLE events (seq INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL, task_id TEXT,
-                     run_id TEXT, kind TEXT, step_idx INTEGER, data TEXT);
+#: The guide's rows of a task killed mid-step (its schema is ``GUIDE_SCHEMA``).
+GUIDE_ROWS = """
 INSERT INTO tasks (id, goal, status, created_at, updated_at)
 VALUES ('t', 'the guide''s goal', 'running', 1.0, 2.0);
 INSERT INTO steps (task_id, idx, tool, input, status, output, attempts)
@@ -135,13 +131,13 @@ def schema_at(path: Path, version: int) -> None:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     if version == 0:
-        conn.executescript(GUIDE_SCHEMA)
+        conn.executescript(GUIDE_SCHEMA + GUIDE_ROWS)
     else:
         for number, _name, migration in sql.migrations("sqlite"):
             if number <= version:
                 for statement in sql.statements(migration):
                     conn.execute(statement)
-        conn.executescript(GUIDE_SCHEMA.split(";", 3)[3])  # the rows only
+        conn.executescript(GUIDE_ROWS)
         conn.execute(f"PRAGMA user_version = {version}")
     conn.close()
 

@@ -17,19 +17,11 @@ import pytest
 
 from ninelives.store import sql
 from ninelives.testing import Lab, Snapshot, five_property_violations
-from ninelives.testing.lab import GUIDE_PLAN, SUMMARY_NOTES
+from ninelives.testing.lab import GUIDE_PLAN, GUIDE_SCHEMA, SUMMARY_NOTES
 
 pytestmark = pytest.mark.crash
 
 SUMMARY = "Line one\nLine two\nLine three"
-GUIDE_SCHEMA = """
-CREATE TABLE tasks (id TEXT PRIMARY KEY, goal TEXT, status TEXT, created_at REAL, updated_at REAL);
-CREATE TABLE steps (task_id TEXT, idx INTEGER, tool TEXT, input TEXT,
-                    status TEXT DEFAULT 'pending', output TEXT, attempts INTEGER DEFAULT 0,
-                    PRIMARY KEY (task_id, idx));
-CREATE TABLE events (seq INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL, task_id TEXT,
-                     run_id TEXT, kind TEXT, step_idx INTEGER, data TEXT);
-"""
 GUIDE_COLUMNS = {
     "tasks": ["id", "goal", "status", "created_at", "updated_at"],
     "steps": ["task_id", "idx", "tool", "input", "status", "output", "attempts"],

@@ -27,6 +27,16 @@ GUIDE_PLAN: dict[str, Any] = {
     ],
 }
 
+#: The tables the guide's own restart-lab code creates (schema version 0).
+GUIDE_SCHEMA = """
+CREATE TABLE tasks (id TEXT PRIMARY KEY, goal TEXT, status TEXT, created_at REAL, updated_at REAL);
+CREATE TABLE steps (task_id TEXT, idx INTEGER, tool TEXT, input TEXT,
+                    status TEXT DEFAULT 'pending', output TEXT, attempts INTEGER DEFAULT 0,
+                    PRIMARY KEY (task_id, idx));
+CREATE TABLE events (seq INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL, task_id TEXT,
+                     run_id TEXT, kind TEXT, step_idx INTEGER, data TEXT);
+"""
+
 #: The keys every ``export`` line starts with, in this order.
 EXPORT_KEYS = ("seq", "ts", "run", "kind", "step")
 
