@@ -22,7 +22,9 @@ from .errors import (
     OutputFailed,
     StoreError,
     TaskBusy,
+    TaskCancelled,
     TaskFailed,
+    TaskParked,
     TasksLeft,
     UnknownTask,
     VerificationFailed,
@@ -37,7 +39,9 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (CommitUnknown, 6),
     (StoreError, 5),
     (VerificationFailed, 7),
-    (TasksLeft, 9),
+    (TaskParked, 8),
+    (TaskCancelled, 9),
+    (TasksLeft, 11),
     (OutputFailed, 10),
     (NineLivesError, 5),
 )
@@ -49,8 +53,10 @@ EPILOG = """exit codes:
   2  task failed (attempt or           5  database unusable, or this task's rows damaged
      recovery limit)                   6  an I/O error left a write's outcome unknown; run again
   3  another process runs this task    7  verify or torture found violations (listed on stdout)
-                                       9  worker --drain left tasks it could not run (named)
+                                       8  the task waits for a person: resolve or approve
+                                       9  the task was cancelled
                                       10  output could not be written (full disk, closed stdout)
+                                      11  worker --drain left tasks it could not run (named)
                                      130  interrupted
 """
 
@@ -438,7 +444,7 @@ def _worker_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--drain",
         action="store_true",
-        help="exit 0 once the queue has no unfinished task (9 if some were left because "
+        help="exit 0 once the queue has no unfinished task (11 if some were left because "
         "this worker could not run them)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="log claims only, not steps")

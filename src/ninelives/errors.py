@@ -13,12 +13,17 @@ the CLI maps each branch to one exit code in one place (``cli.EXIT_CODES``)::
     ├── TaskBusy                   another live runner holds the task
     │   └── LeaseLost              this runner's claim was taken over (fenced)
     ├── TaskFailed                 a step reached the attempt limit
+    ├── TaskParked                 the task waits for a person (exit 8)
+    │   ├── TaskBlocked            a step's outcome is unknown: ninelives resolve
+    │   └── TaskWaiting            an approval step: ninelives approve
+    ├── TaskCancelled              ninelives cancel stopped the task (exit 9)
     ├── StoreError                 the database cannot be used
     │   ├── DamagedTask            one task's stored rows cannot be read; others can
     │   └── CommitUnknown          a write failed mid-commit; its outcome is unknown
     │       └── EffectUnknown      an effect's write or fsync failed (EIO, ENOSPC)
     ├── ToolError                  a tool refused its input or its effect conflicts
-    │   └── OutputRefused          a tool's output cannot be stored (recorded as step_error)
+    │   ├── OutputRefused          a tool's output cannot be stored (recorded as step_error)
+    │   └── PermanentError         raised by a tool: fail the task now, no more attempts
     ├── TasksLeft                  a drained worker left tasks it could not run
     ├── VerificationFailed         verify or torture found a broken guarantee
     └── OutputFailed               the command's own output could not be written
@@ -74,6 +79,29 @@ class TaskFailed(NineLivesError):
     """A step reached the attempt limit; the task is ``failed``."""
 
 
+class TaskParked(NineLivesError):
+    """The task cannot go on until a person acts; ``run`` stops at once (exit 8).
+
+    The message names the command that moves it on. Workers skip parked tasks
+    and pick them up once moved on.
+    """
+
+
+class TaskBlocked(TaskParked):
+    """A step's outcome is unknown and its tool may not run it again blindly
+    (``on_unknown`` ``refuse``, or a probe that could not tell): the task is
+    ``blocked`` until ``ninelives resolve TASK STEP --done JSON | --retry``."""
+
+
+class TaskWaiting(TaskParked):
+    """An ``approval`` step waits: the task is ``waiting`` until
+    ``ninelives approve TASK STEP [--reject]``."""
+
+
+class TaskCancelled(NineLivesError):
+    """``ninelives cancel`` stopped the task; it is never run again (exit 9)."""
+
+
 class StoreError(NineLivesError):
     """The database cannot be opened or used (missing folder, corrupt, not a database)."""
 
@@ -114,6 +142,11 @@ class ToolError(NineLivesError):
     """A tool refused its input or found a conflicting effect; recorded as ``step_error``."""
 
 
+class PermanentError(ToolError):
+    """Raise it from a tool when another attempt cannot help (a 4xx answer, a
+    rejected card): the task fails at once, whatever attempts are left."""
+
+
 class OutputRefused(ToolError):
     """A tool returned something that cannot be stored: not a JSON object, a
     number JSON has no text for (NaN, infinity), text that is not valid Unicode
@@ -123,7 +156,7 @@ class OutputRefused(ToolError):
 
 class TasksLeft(NineLivesError):
     """``worker --drain`` ran everything it could, but left tasks it could not run
-    (a tool missing on this host, a damaged task), each named; exit code 9."""
+    (a tool missing on this host, a damaged task), each named; exit code 11."""
 
 
 class VerificationFailed(NineLivesError):

@@ -26,6 +26,13 @@ class TaskStatus(str, Enum):
     RUNNING = "running"
     DONE = "done"
     FAILED = "failed"
+    #: A step's outcome is unknown and its tool refuses to guess (``on_unknown``
+    #: ``refuse``, or a probe that could not tell): ``ninelives resolve`` moves it on.
+    BLOCKED = "blocked"
+    #: An ``approval`` step waits for ``ninelives approve``.
+    WAITING = "waiting"
+    #: ``ninelives cancel``: never run again.
+    CANCELLED = "cancelled"
 
 
 class StepStatus(str, Enum):
@@ -40,6 +47,10 @@ class StepStatus(str, Enum):
     RUNNING = "running"
     DONE = "done"
     FAILED = "failed"
+    #: Parked with an unknown outcome until ``ninelives resolve``.
+    BLOCKED = "blocked"
+    #: An ``approval`` step waiting for ``ninelives approve``.
+    WAITING = "waiting"
 
 
 class EventKind(str, Enum):
@@ -58,6 +69,21 @@ class EventKind(str, Enum):
     #: the step's attempts reset (data: ``reason`` of the failure it undoes).
     TASK_RETRIED = "task_retried"
     STEP_APPENDED = "step_appended"
+    #: A probe found the effect of a step left running had happened: committed done.
+    STEP_RECONCILED = "step_reconciled"
+    #: A step of unknown outcome was parked (data: ``reason``); the task is blocked.
+    STEP_BLOCKED = "step_blocked"
+    #: ``ninelives resolve``: a person stated the parked step's outcome, or asked a rerun.
+    STEP_RESOLVED = "step_resolved"
+    #: ``ctx.checkpoint``: progress committed inside a running step.
+    STEP_PROGRESS = "step_progress"
+    #: An ``approval`` step now waits for a person; the task is waiting.
+    STEP_WAITING = "step_waiting"
+    STEP_APPROVED = "step_approved"
+    STEP_REJECTED = "step_rejected"
+    TASK_CANCELLED = "task_cancelled"
+    #: The first event of a forked task (data: ``source`` task and ``from`` step).
+    TASK_FORKED = "task_forked"
 
 
 class Step(NamedTuple):
@@ -70,15 +96,23 @@ class Step(NamedTuple):
     status: StepStatus
     output: dict[str, Any] | None
     attempts: int
+    #: The step's policy (``max_attempts``, ``timeout``, ``backoff``,
+    #: ``on_unknown``: the plan's defaults merged with the step's own); None: settings decide.
+    policy: dict[str, Any] | None = None
+    #: The last progress committed by ``ctx.checkpoint`` (any JSON), or None.
+    progress: Any = None
+    #: The earliest time (epoch seconds) its next attempt may start (a backoff wait).
+    not_before: float | None = None
 
     @classmethod
     def from_row(cls, task_id: str, row: Sequence[Any]) -> Step:
-        """A step from a ``get_steps`` row: ``(idx, tool, input, status, output, attempts)``.
+        """A step from a ``get_steps`` row: ``(idx, tool, input, status, output,
+        attempts, policy, progress, not_before)``.
 
         Raises :class:`~ninelives.errors.DamagedTask` for a status this version
         does not know or a JSON column that does not parse.
         """
-        idx, tool, raw_input, status, output, attempts = row
+        idx, tool, raw_input, status, output, attempts, policy, progress, not_before = row
         try:
             return cls(
                 task_id=task_id,
@@ -88,6 +122,9 @@ class Step(NamedTuple):
                 status=StepStatus(status),
                 output=load_json_object(output) if output is not None else None,
                 attempts=attempts,
+                policy=load_json_object(policy) if policy is not None else None,
+                progress=json.loads(progress) if progress is not None else None,
+                not_before=not_before,
             )
         except (ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError
             raise _damaged(task_id, f"step {idx}", exc) from exc

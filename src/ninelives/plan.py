@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 MAX_PLAN_BYTES = 1 << 20
 MAX_DEPTH = 32
 MAX_STEPS = 10_000
+#: Keys of a step policy, allowed on a step beside ``tool`` and ``input`` and in
+#: the plan's ``defaults``.
+POLICY_KEYS = ("max_attempts", "timeout", "backoff", "on_unknown")
+#: What a step left ``running`` by a crash does at recovery (see the README).
+ON_UNKNOWN = ("rerun", "probe", "refuse")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,6 +34,9 @@ class StepSpec:
 
     tool: str
     input: dict[str, Any]
+    #: The step's policy: the plan's ``defaults`` merged with the step's own keys
+    #: (see :data:`POLICY_KEYS`); None when neither sets any.
+    policy: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,6 +127,10 @@ def plan_from_dict(raw: Any) -> Plan:
         raise PlanError("plan has no steps")
     if len(steps) > MAX_STEPS:
         raise PlanError(f"plan has more than {MAX_STEPS} steps")
+    defaults = raw.get("defaults", {})
+    if not isinstance(defaults, dict):
+        raise PlanError("plan 'defaults' must be an object")
+    check_policy(defaults, "plan 'defaults'", only=True)
     specs = []
     for idx, step in enumerate(steps):
         if not isinstance(step, dict):
@@ -131,7 +143,10 @@ def plan_from_dict(raw: Any) -> Plan:
             raise PlanError(f"step {idx} input must be an object")
         if "from" in step_input:
             _check_from(idx, step_input["from"])
-        specs.append(StepSpec(tool=tool, input=step_input))
+        own = {k: step[k] for k in POLICY_KEYS if k in step}
+        check_policy(own, f"step {idx}")
+        policy = {**defaults, **own}
+        specs.append(StepSpec(tool=tool, input=step_input, policy=policy or None))
     if agent is not None:
         from .agent import first_turn
         from .models import AGENT_TOOL
@@ -140,6 +155,41 @@ def plan_from_dict(raw: Any) -> Plan:
         # calls they ask for are appended as the agent runs.
         specs.append(StepSpec(tool=AGENT_TOOL, input=first_turn(agent, goal, len(specs))))
     return Plan(goal=goal, steps=tuple(specs), agent=agent)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_policy(policy: Mapping[str, Any], where: str, *, only: bool = False) -> None:
+    """Check a step policy's values (and, with ``only``, that it has no other keys).
+
+    ``max_attempts``: an integer >= 1; ``timeout``: seconds > 0; ``backoff``:
+    ``false`` (none) or ``{"base": s, "cap": s}`` (seconds >= 0, either may be
+    left out); ``on_unknown``: one of :data:`ON_UNKNOWN`.
+    """
+    if only and (unknown := sorted(set(policy) - set(POLICY_KEYS))):
+        raise PlanError(f"{where} has unknown key(s) {unknown}: use {list(POLICY_KEYS)}")
+    if "max_attempts" in policy:
+        value = policy["max_attempts"]
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1_000_000:
+            raise PlanError(f"{where} 'max_attempts' must be an integer from 1 to 1000000")
+    if "timeout" in policy:
+        value = policy["timeout"]
+        if not _number(value) or not 0 < value <= 31_536_000:
+            raise PlanError(f"{where} 'timeout' must be a number of seconds > 0 (at most a year)")
+    if "backoff" in policy:
+        value = policy["backoff"]
+        if value is not False:
+            if not isinstance(value, dict) or set(value) - {"base", "cap"}:
+                raise PlanError(
+                    f"{where} 'backoff' must be false or an object with 'base' and/or 'cap'"
+                )
+            for key, seconds in value.items():
+                if not _number(seconds) or not 0 <= seconds <= 86_400:
+                    raise PlanError(f"{where} 'backoff' {key!r} must be seconds from 0 to 86400")
+    if "on_unknown" in policy and policy["on_unknown"] not in ON_UNKNOWN:
+        raise PlanError(f"{where} 'on_unknown' must be one of {', '.join(ON_UNKNOWN)}")
 
 
 def _check_from(idx: int, ref: Any) -> None:
@@ -250,4 +300,7 @@ def validate(plan: Plan, lookup: Callable[[str], Any]) -> None:
 
 def as_mapping(plan: Plan) -> Mapping[str, Any]:
     """The plan as plain JSON data."""
-    return {"goal": plan.goal, "steps": [{"tool": s.tool, "input": s.input} for s in plan.steps]}
+    return {
+        "goal": plan.goal,
+        "steps": [{"tool": s.tool, "input": s.input, **(s.policy or {})} for s in plan.steps],
+    }

@@ -21,7 +21,7 @@ store connection, looping claim -> run -> release:
   read) is refused before it is claimed, so nothing is written: the slot logs
   ``action=cannot_run`` or ``action=damaged`` and passes it over for
   ``SKIP_SECONDS``. With ``drain`` the worker ends once only such tasks are
-  left, naming them (:class:`~ninelives.errors.TasksLeft`, exit 9).
+  left, naming them (:class:`~ninelives.errors.TasksLeft`, exit 11).
 * An I/O error that leaves a commit's outcome unknown stops the whole process
   at once, exactly as ``run`` does: the slot closes its connection and the
   process exits 6 without another write (no slot may commit after a failed

@@ -187,6 +187,14 @@ def test_the_case_insensitive_id_check_uses_an_index(open_: Opener, backend: str
     assert "tasks_id_lower" in plan, plan
 
 
+_COLUMNS_0006 = (
+    ("steps", "policy"),
+    ("steps", "progress"),
+    ("steps", "not_before"),
+    ("tasks", "plan_sha256"),
+)
+
+
 def test_migration_keeps_ids_that_already_differ_only_by_case(
     open_: Opener, backend: str, url: str
 ) -> None:
@@ -206,6 +214,8 @@ def test_migration_keeps_ids_that_already_differ_only_by_case(
         with sqlite3.connect(url) as conn:
             conn.execute("DROP INDEX tasks_id_lower")
             conn.execute("ALTER TABLE tasks DROP COLUMN artifacts")  # 0005's
+            for table, column in _COLUMNS_0006:
+                conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
             conn.execute(duplicate)
             conn.execute("PRAGMA user_version = 3")
     else:
@@ -214,6 +224,8 @@ def test_migration_keeps_ids_that_already_differ_only_by_case(
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("DROP INDEX tasks_id_lower")
             conn.execute("ALTER TABLE tasks DROP COLUMN artifacts")  # 0005's
+            for table, column in _COLUMNS_0006:
+                conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
             conn.execute(duplicate)
             conn.execute("DELETE FROM ninelives_schema WHERE version >= 4")
     store = open_()

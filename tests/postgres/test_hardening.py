@@ -105,7 +105,7 @@ def test_drain_ends_and_names_the_tasks_it_cannot_run(fleet: Fleet) -> None:
         rt.create("s", SHOUT_PLAN, queue="default")
         rt.create("b", GUIDE_PLAN, queue="default")
     worker = fleet.start(*FAST, "--drain", "--concurrency", "2")
-    assert worker.wait(60) == 9, worker.log()
+    assert worker.wait(60) == 11, worker.log()
     refused = worker.actions("cannot_run")
     assert {r["task"] for r in refused} == {"s"}
     last = worker.log().strip().splitlines()[-1]
@@ -447,7 +447,7 @@ def test_the_worker_fail_stop_code_is_the_cli_code_of_commit_unknown() -> None:
 
     assert exit_code(CommitUnknown("x")) == EXIT_OUTCOME_UNKNOWN == 6
     assert exit_code(EffectUnknown("x")) == 6
-    assert exit_code(TasksLeft("x")) == 9
+    assert exit_code(TasksLeft("x")) == 11
 
 
 def test_a_worker_whose_slots_all_ended_does_not_exit_0(tmp_path: Path) -> None:

@@ -201,7 +201,13 @@ class PostgresStore(Session):
                     cur.executemany(
                         Q["insert_step"],
                         [
-                            {"id": task_id, "idx": i, "tool": s.tool, "input": dumps(s.input)}
+                            {
+                                "id": task_id,
+                                "idx": i,
+                                "tool": s.tool,
+                                "input": dumps(s.input),
+                                "policy": dumps(s.policy) if s.policy else None,
+                            }
                             for i, s in enumerate(plan.steps)
                         ],
                     )
@@ -426,7 +432,13 @@ class PostgresStore(Session):
                 for new_idx, (new_tool, new_input) in enumerate(append, start=idx + 1):
                     conn.execute(
                         Q["insert_step"],
-                        {"id": run.task_id, "idx": new_idx, "tool": new_tool, "input": new_input},
+                        {
+                            "id": run.task_id,
+                            "idx": new_idx,
+                            "tool": new_tool,
+                            "input": new_input,
+                            "policy": None,
+                        },
                     )
                     self._event(
                         conn, run.task_id, run.run_id, EventKind.STEP_APPENDED, new_idx,

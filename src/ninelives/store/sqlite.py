@@ -288,7 +288,13 @@ class SQLiteStore:
                 conn.executemany(
                     Q["insert_step"],
                     [
-                        {"id": task_id, "idx": i, "tool": s.tool, "input": dumps(s.input)}
+                        {
+                            "id": task_id,
+                            "idx": i,
+                            "tool": s.tool,
+                            "input": dumps(s.input),
+                            "policy": dumps(s.policy) if s.policy else None,
+                        }
                         for i, s in enumerate(plan.steps)
                     ],
                 )
@@ -552,7 +558,13 @@ class SQLiteStore:
                 try:
                     conn.execute(
                         Q["insert_step"],
-                        {"id": run.task_id, "idx": new_idx, "tool": new_tool, "input": new_input},
+                        {
+                            "id": run.task_id,
+                            "idx": new_idx,
+                            "tool": new_tool,
+                            "input": new_input,
+                            "policy": None,
+                        },
                     )
                 except sqlite3.IntegrityError as exc:
                     raise StoreError(

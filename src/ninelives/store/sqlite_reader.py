@@ -93,7 +93,7 @@ class SQLiteReader:
         self._conn: sqlite3.Connection | None = None
         try:
             self._conn = self._connect(wal)
-            self._get_task, self._empty = self._inspect()
+            self._get_task, self._get_steps, self._empty = self._inspect()
         except BaseException:
             self.close()
             raise
@@ -172,16 +172,17 @@ class SQLiteReader:
         st = os.stat(self.path)
         return st.st_ino, st.st_size, st.st_mtime_ns
 
-    def _inspect(self) -> tuple[str, bool]:
+    def _inspect(self) -> tuple[str, str, bool]:
         def look(conn: sqlite3.Connection) -> tuple[int, set[str], set[str]]:
             version = int(conn.execute("PRAGMA user_version").fetchone()[0])
             tables = {r[0] for r in conn.execute(Q["table_names"])}
             columns = {r[0] for r in conn.execute(Q["task_columns"])}
+            columns |= {f"steps.{r[0]}" for r in conn.execute(Q["step_columns"])}
             return version, tables, columns
 
         version, tables, columns = self._reading(look)
         if not tables:
-            return Q["get_task"], True  # an empty file: a database with no task yet
+            return Q["get_task"], Q["get_steps"], True  # an empty file: no task yet
         if not CONTRACT_TABLES <= tables:
             raise not_ours(self.url, tables)
         latest = sql.migrations("sqlite")[-1][0]
@@ -189,11 +190,12 @@ class SQLiteReader:
             raise StoreError(
                 f"database schema version {version} is newer than this ninelives ({latest})"
             )
+        steps = Q["get_steps"] if "steps.policy" in columns else Q["get_steps_v5"]
         if "lease_epoch" not in columns:
-            return Q["get_task_unleased"], False
+            return Q["get_task_unleased"], steps, False
         if "artifacts" not in columns:
-            return Q["get_task_unrecorded"], False
-        return Q["get_task"], False
+            return Q["get_task_unrecorded"], steps, False
+        return Q["get_task"], steps, False
 
     # -- reading ------------------------------------------------------------
 
@@ -246,7 +248,7 @@ class SQLiteReader:
             row = conn.execute(self._get_task, {"id": task_id}).fetchone()
             if row is None:
                 return None
-            steps = conn.execute(Q["get_steps"], {"id": task_id})
+            steps = conn.execute(self._get_steps, {"id": task_id})
             return Task.from_row(row, tuple(Step.from_row(task_id, r) for r in steps))
 
         task = self._reading(load)

@@ -8,7 +8,8 @@ SELECT id, goal, status, created_at, updated_at, lease_epoch, artifacts FROM tas
 WHERE id = %(id)s;
 
 -- name: get_steps
-SELECT idx, tool, input, status, output, attempts FROM steps WHERE task_id = %(id)s ORDER BY idx;
+SELECT idx, tool, input, status, output, attempts, policy, progress, not_before FROM steps
+WHERE task_id = %(id)s ORDER BY idx;
 
 -- name: task_id_lock
 -- Serialises concurrent creates of ids equal but for case ("Demo", "demo"):
@@ -31,8 +32,8 @@ SELECT %(id)s, %(goal)s, 'pending', n.t, n.t, %(queue)s, %(artifacts)s
 FROM (SELECT ninelives_now() AS t) AS n;
 
 -- name: insert_step
-INSERT INTO steps (task_id, idx, tool, input, status, attempts)
-VALUES (%(id)s, %(idx)s, %(tool)s, %(input)s, 'pending', 0);
+INSERT INTO steps (task_id, idx, tool, input, status, attempts, policy)
+VALUES (%(id)s, %(idx)s, %(tool)s, %(input)s, 'pending', 0, %(policy)s);
 
 -- name: insert_event
 INSERT INTO events (ts, task_id, run_id, kind, step_idx, data)

@@ -6,7 +6,8 @@ SELECT id, goal, status, created_at, updated_at, lease_epoch, artifacts FROM tas
 WHERE id = :id;
 
 -- name: get_steps
-SELECT idx, tool, input, status, output, attempts FROM steps WHERE task_id = :id ORDER BY idx;
+SELECT idx, tool, input, status, output, attempts, policy, progress, not_before FROM steps
+WHERE task_id = :id ORDER BY idx;
 
 -- name: task_id_taken
 -- Ids are unique regardless of case (artifact names built from them must not
@@ -22,8 +23,8 @@ INSERT INTO tasks (id, goal, status, created_at, updated_at, queue, artifacts)
 VALUES (:id, :goal, 'pending', :now, :now, :queue, :artifacts);
 
 -- name: insert_step
-INSERT INTO steps (task_id, idx, tool, input, status, attempts)
-VALUES (:id, :idx, :tool, :input, 'pending', 0);
+INSERT INTO steps (task_id, idx, tool, input, status, attempts, policy)
+VALUES (:id, :idx, :tool, :input, 'pending', 0, :policy);
 
 -- name: insert_event
 INSERT INTO events (ts, task_id, run_id, kind, step_idx, data)
@@ -112,6 +113,15 @@ SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\_%
 -- SQLite only: the columns tasks has, so read-only commands read older schemas
 -- (the guide's version 0 has no lease columns) without migrating them.
 SELECT name FROM pragma_table_info('tasks');
+
+-- name: step_columns
+SELECT name FROM pragma_table_info('steps');
+
+-- name: get_steps_v5
+-- SQLite only, read-only commands on a schema older than 0006 (no policy,
+-- progress or backoff columns).
+SELECT idx, tool, input, status, output, attempts, NULL, NULL, NULL FROM steps
+WHERE task_id = :id ORDER BY idx;
 
 -- name: get_task_unleased
 -- SQLite only, read-only commands on a schema older than 0002 (no lease_epoch).
