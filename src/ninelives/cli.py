@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from . import __version__
+from .cli_ops import OPS
 from .errors import (
     CommitUnknown,
     InputError,
@@ -516,6 +517,7 @@ COMMANDS: dict[str, tuple[Handler, str, Callable[[argparse.ArgumentParser], None
         cmd_torture, "SIGKILL fresh tasks of a plan at random, resume them, verify", _torture_args
     ),
 }  # fmt: skip
+COMMANDS.update(OPS)
 
 
 def _command_in(argv: Sequence[str]) -> str | None:
