@@ -23,22 +23,19 @@ $(VENV)/.core: pyproject.toml
 	$(BIN)/python -m pip install -q -e .
 	@touch $@
 
+# The bench extra (DBOS, LangGraph) lets the test of bench/peers.py run every peer.
 $(VENV)/.installed: $(VENV)/.core
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,bench]'
 	@# No PostgreSQL on this machine: the tests run the server bundled in a wheel.
 	@if ! command -v pg_ctl >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then \
 		echo "no PostgreSQL found: installing the pgserver wheel for the tests"; \
 		$(BIN)/python -m pip install -q pgserver; fi
 	@touch $@
 
-# The I/O-fault tests inject errors with strace (Linux only).
+# The I/O-fault tests inject errors with strace (Linux only); the report is loaded
+# in a headless Chromium; the trace export is posted with curl.
 system-deps:
-	@if [ "$$(uname)" = Linux ] && ! command -v strace >/dev/null 2>&1; then \
-		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			apt-get install -y -q strace >/dev/null 2>&1 || \
-			{ apt-get update -q >/dev/null && apt-get install -y -q strace >/dev/null; }; \
-		else echo "the I/O-fault tests need strace: install it (e.g. sudo apt-get install strace)" >&2; fi; \
-	fi
+	@bash scripts/system-deps.sh
 
 demo: $(VENV)/.core
 	NINELIVES=$(abspath $(BIN))/ninelives bash scripts/demo.sh

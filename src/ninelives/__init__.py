@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
+    BlobDamaged,
     CommitUnknown,
     DamagedTask,
     EffectUnknown,
@@ -30,6 +31,7 @@ from .errors import (
     PermanentError,
     PlanError,
     PlanMismatch,
+    PlanTampered,
     StoreError,
     TaskBlocked,
     TaskBusy,
@@ -52,6 +54,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "BlobDamaged",
     "CommitUnknown",
     "DamagedTask",
     "EffectUnknown",
@@ -66,6 +69,7 @@ __all__ = [
     "PermanentError",
     "PlanError",
     "PlanMismatch",
+    "PlanTampered",
     "Run",
     "Runtime",
     "Step",

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from . import __version__
+from .cli_ops import EXAMPLES as OPS_EXAMPLES
 from .cli_ops import OPS
 from .errors import (
     CommitUnknown,
@@ -53,13 +54,31 @@ EPILOG = """exit codes:
   1  unknown task                         a tool missing here; nothing written)
   2  task failed (attempt or           5  database unusable, or this task's rows damaged
      recovery limit)                   6  an I/O error left a write's outcome unknown; run again
-  3  another process runs this task    7  verify or torture found violations (listed on stdout)
+  3  another process runs this task    7  verify or torture found violations,
+                                          or doctor problems (listed on stdout)
                                        8  the task waits for a person: resolve or approve
                                        9  the task was cancelled
                                       10  output could not be written (full disk, closed stdout)
                                       11  worker --drain left tasks it could not run (named)
                                      130  interrupted
+
+example:
+  ninelives create demo plan.json && ninelives run demo && ninelives status demo
 """
+
+#: The example that ends each command's ``--help`` (a test checks every command has one).
+EXAMPLES = {
+    "create": "ninelives create demo examples/demo/plan.json",
+    "submit": "ninelives submit nightly-42 plan.json --queue nightly",
+    "worker": "NINELIVES_DB=postgresql://db/ninelives ninelives worker --queue nightly "
+    "--concurrency 4",
+    "run": "ninelives run demo          # resumes where the last run stopped",
+    "retry": "ninelives retry demo        # after fixing what made its step fail",
+    "status": "ninelives status demo --json --outputs",
+    "export": "ninelives export demo --format otlp-json > demo.trace.json",
+    "verify": "ninelives verify --all --artifacts artifacts",
+    "torture": "ninelives torture examples/demo/plan.json --kills 20 --seed 7",
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -195,9 +214,38 @@ def _stderr(line: str) -> None:
     # Progress lines are best effort: a stderr that fails (EIO, a full disk
     # under a log file) must not stop a runner whose state is committed.
     try:
-        print(printable(_scrub(line)), file=sys.stderr, flush=True)
+        text = printable(_scrub(line))
+        print(_paint(text) if _colour() else text, file=sys.stderr, flush=True)
     except (OSError, ValueError, AttributeError):
         pass
+
+
+@functools.cache
+def _colour() -> bool:
+    """Colour on a terminal only, and never with ``NO_COLOR`` set (no-color.org)."""
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    try:
+        return sys.stderr is not None and sys.stderr.isatty()
+    except (OSError, ValueError):
+        return False
+
+
+_GREEN, _YELLOW, _RED, _RESET = "\x1b[32m", "\x1b[33m", "\x1b[31m", "\x1b[0m"
+
+
+def _paint(line: str) -> str:
+    """Colour the outcome words of a progress line. It runs after :func:`printable`,
+    which escapes every control character that stored data could carry, so the
+    only escape sequences on the line are these."""
+    import re
+
+    line = line.replace(" done in ", f" {_GREEN}done{_RESET} in ", 1)
+    line = line.replace(" (recovered)", f" {_YELLOW}(recovered){_RESET}", 1)
+    line = line.replace(": recovered step(s)", f": {_YELLOW}recovered step(s){_RESET}", 1)
+    if line.endswith(": done"):
+        line = f"{line[:-4]}{_GREEN}done{_RESET}"
+    return re.sub(r"( attempt \d+: )", f"{_RED}\\1{_RESET}", line, count=1)
 
 
 def _on_terminal() -> bool:
@@ -304,6 +352,16 @@ def cmd_retry(args: argparse.Namespace) -> int:
     return 0
 
 
+def _elide(shown: str) -> str:
+    return shown if len(shown) <= 72 else shown[:71] + "…"
+
+
+def _utc(ts: float) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from .journal import calls_models, model_usage
 
@@ -318,29 +376,48 @@ def cmd_status(args: argparse.Namespace) -> int:
     if as_json:
         view = task.as_status()
         view.update(usage)
-        if args.outputs:
-            for row, step in zip(view["steps"], task.steps, strict=True):
+        for row, step in zip(view["steps"], task.steps, strict=True):
+            # Keys only when set: a task without policies keeps the contract's shape.
+            if step.progress is not None:
+                row["progress"] = step.progress  # the last ctx.checkpoint
+            if step.not_before is not None:
+                row["not_before"] = step.not_before  # its backoff: not started before
+            if args.outputs:
                 row["output"] = step.output
+                if step.output_blob is not None:  # stored out of the row (ninelives.blobs)
+                    row["output_blob"] = step.output_blob
         _out(json_line(view))
         return 0
     _out(printable(f"task {task.id}: {task.status.value}  ({task.goal})"))
     for step in task.steps:
         tool = printable(step.tool)
         _out(f"  {step.idx:>3}  {tool:<16} {step.status.value:<8} attempts={step.attempts}")
+        if step.not_before is not None:
+            _out(f"         not before {_utc(step.not_before)} (backoff)")
+        if step.progress is not None:
+            _out(printable(f"         progress: {_elide(json_line(step.progress))}"))
         if args.outputs and step.output is not None:
             for key, value in step.output.items():
-                shown = json_line(value)
-                if len(shown) > 72:
-                    shown = shown[:71] + "…"
-                _out(printable(f"         {key}: {shown}"))
+                _out(printable(f"         {key}: {_elide(json_line(value))}"))
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     with _runtime(args, readonly=True) as rt:
         events = rt.export(args.task_id)
-    for event in events:
-        _out(json_line(event.as_export()))
+        task = rt.status(args.task_id) if args.format == "otlp-json" else None
+    if args.format == "csv":
+        from .traces import csv_lines
+
+        for line in csv_lines(events):
+            _out(line)
+    elif task is not None:
+        from .traces import otlp_request
+
+        _out(json_line(otlp_request(task, events, version=__version__)))
+    else:
+        for event in events:
+            _out(json_line(event.as_export()))
     return 0
 
 
@@ -373,6 +450,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return 0
     _out(f"{summary}: {len(report.violations)} violation(s)")
     _flush()  # the list is the finding: a failure to print it is not "violations"
+    tampered = sorted({v.task_id for v in report.violations if v.check == "plan_integrity"})
+    if tampered:  # refused as run refuses it: exit 5, naming the task
+        from .errors import PlanTampered
+
+        named = ", ".join(repr(t) for t in tampered)
+        raise PlanTampered(
+            f"task {named}: stored goal or steps changed since create (SHA-256 mismatch)",
+            task_id=tampered[0],
+        )
     raise VerificationFailed(f"{len(report.violations)} violation(s) found")
 
 
@@ -408,6 +494,17 @@ QUEUE_HELP = "the workers' queue (default: $NINELIVES_QUEUE or 'default')"
 
 def _task_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("task_id", metavar="TASK_ID")
+
+
+def _export_args(p: argparse.ArgumentParser) -> None:
+    _task_args(p)
+    p.add_argument(
+        "--format",
+        choices=("jsonl", "csv", "otlp-json"),
+        default="jsonl",
+        help="jsonl: one event per line (default); csv: one row per event, its data as "
+        "JSON; otlp-json: one OpenTelemetry trace (OTLP/JSON) for Jaeger, Tempo, Honeycomb",
+    )
 
 
 def _create_args(p: argparse.ArgumentParser) -> None:
@@ -508,7 +605,9 @@ COMMANDS: dict[str, tuple[Handler, str, Callable[[argparse.ArgumentParser], None
         _retry_args,
     ),
     "status": (cmd_status, "show the task and its steps", _status_args),
-    "export": (cmd_export, "print the task's journal as JSON Lines", _task_args),
+    "export": (
+        cmd_export, "print the task's journal (JSON Lines, CSV or an OTLP trace)", _export_args
+    ),
     "verify": (
         cmd_verify, "check tasks after the fact: journal, statuses, outputs, artifacts",
         _verify_args,
@@ -566,7 +665,11 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     for name, (handler, help, declare) in COMMANDS.items():
         if only is not None and name != only:
             continue
-        p = sub.add_parser(name, help=help, description=help, formatter_class=_Formatter)
+        example = EXAMPLES.get(name) or OPS_EXAMPLES.get(name, "")
+        p = sub.add_parser(
+            name, help=help, description=help, formatter_class=_Formatter,
+            epilog=f"example:\n  {example}" if example else None,
+        )  # fmt: skip
         p.add_argument("--db", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         p.add_argument("--tools", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         p.set_defaults(handler=handler)

@@ -25,14 +25,23 @@ POINTS: dict[str, str] = {
     "before_effect": "after the step's `running` commit, before the tool runs",
     "after_effect": "after the tool returned, before the `done` commit",
     "after_commit": "after the step's `done` commit",
+    "blob_before_reference": "an output over the blob threshold stored as a blob, its "
+    "reference not yet committed",
     "artifact_before_link": "write_artifact: temp file written and fsynced, not yet linked",
     "artifact_before_dirsync": "write_artifact: final name linked, folder not yet fsynced",
     "create_before_commit": "create: task, steps and task_created written, not committed",
     "recovery_before_commit": "run start: steps recovered and run_started written, not committed",
     "migration_before_commit": "schema migration applied, not committed",
+    "migration_statement": "schema migration IDX: a statement of it applied, not committed",
     "error_before_commit": "the tool raised: step_error (and task_failed) written, not committed",
+    "checkpoint_before_commit": "ctx.checkpoint: progress and step_progress written, not committed",
     "after_recovery": "run start: recovery committed, orphan temp files not yet removed",
     "before_task_done": "run start found no pending step: task_done not yet committed",
+    "probe_answered": "a step left running was probed: the answer known, nothing yet written",
+    "settle_before_commit": "the probe's answer (reconciled, rerun or blocked) written, "
+    "not committed",
+    "decision_before_commit": "resolve/approve: the person's decision written, not committed",
+    "gc_before_commit": "gc: a batch of tasks, their steps and journal deleted, not committed",
 }
 
 #: Called as ``handler(point, step)`` at every crash point when set.

@@ -19,6 +19,8 @@ the CLI maps each branch to one exit code in one place (``cli.EXIT_CODES``)::
     ├── TaskCancelled              ninelives cancel stopped the task (exit 9)
     ├── StoreError                 the database cannot be used
     │   ├── DamagedTask            one task's stored rows cannot be read; others can
+    │   │   ├── PlanTampered       its stored plan no longer matches its SHA-256
+    │   │   └── BlobDamaged        a step's output blob is missing or does not match its hash
     │   └── CommitUnknown          a write failed mid-commit; its outcome is unknown
     │       └── EffectUnknown      an effect's write or fsync failed (EIO, ENOSPC)
     ├── ToolError                  a tool refused its input or its effect conflicts
@@ -118,6 +120,25 @@ class DamagedTask(StoreError):
     def __init__(self, message: str, *, task_id: str) -> None:
         super().__init__(message)
         self.task_id = task_id
+
+
+class PlanTampered(DamagedTask):
+    """A task's stored goal or steps no longer match the SHA-256 recorded when it
+    was created (an edit of the database by hand): ``run`` and workers refuse
+    it and ``verify`` names it (exit 5), having written nothing."""
+
+
+class BlobDamaged(DamagedTask):
+    """A step's output is stored as a blob (:mod:`ninelives.blobs`) that is
+    missing or whose content does not match the SHA-256 its reference records.
+
+    Raised instead of ever returning a wrong value; the message names the task,
+    the step and the blob. ``step`` is the step's index.
+    """
+
+    def __init__(self, message: str, *, task_id: str, step: int | None) -> None:
+        super().__init__(message, task_id=task_id)
+        self.step = step
 
 
 class CommitUnknown(StoreError):

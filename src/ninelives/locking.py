@@ -87,3 +87,33 @@ class TaskLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def is_held(db_path: str, task_id: str) -> bool:
+    """Whether a live process holds the task's lock. Creates nothing (a reader
+    may call it): no lock file means nobody holds the lock."""
+    try:
+        fd = os.open(lock_path(db_path, task_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+    finally:
+        os.close(fd)
+    return False
+
+
+def remove_lock(lock: TaskLock) -> None:
+    """Unlink the file of a lock this process holds (a task that is gone).
+
+    Held while unlinked, so no other process has it at that moment; one that
+    opened the file before and locks it after the release holds a lock on a
+    name that no longer exists, for a task that no longer exists either: its
+    claim finds no task (a new task of the same id gets a new file).
+    """
+    try:
+        os.unlink(lock.path)
+    except FileNotFoundError:
+        pass

@@ -17,6 +17,8 @@ from .errors import DamagedTask
 
 #: The tool of an agent's model turn (see :mod:`ninelives.agent`).
 AGENT_TOOL = "agent"
+#: The built-in tool of a step that waits for a person (see :mod:`ninelives.parking`).
+APPROVAL_TOOL = "approval"
 
 
 class TaskStatus(str, Enum):
@@ -81,6 +83,7 @@ class EventKind(str, Enum):
     STEP_WAITING = "step_waiting"
     STEP_APPROVED = "step_approved"
     STEP_REJECTED = "step_rejected"
+    #: ``ninelives cancel`` (data: ``reason``, and the ``status`` it had): never run again.
     TASK_CANCELLED = "task_cancelled"
     #: The first event of a forked task (data: ``source`` task and ``from`` step).
     TASK_FORKED = "task_forked"
@@ -103,6 +106,9 @@ class Step(NamedTuple):
     progress: Any = None
     #: The earliest time (epoch seconds) its next attempt may start (a backoff wait).
     not_before: float | None = None
+    #: ``{"sha256", "size"}`` when the output is stored as a blob (:mod:`ninelives.blobs`);
+    #: ``output`` is then the blob's content, read and checked.
+    output_blob: dict[str, Any] | None = None
 
     @classmethod
     def from_row(cls, task_id: str, row: Sequence[Any]) -> Step:
@@ -152,12 +158,16 @@ class Task(NamedTuple):
     #: The absolute folder recorded at create for its artifacts; None for tasks
     #: written by the guide's code or older versions (the runner's settings decide).
     artifacts: str | None = None
+    #: SHA-256 of the canonical plan (:func:`ninelives.lineage.plan_digest`), kept
+    #: since create; None for tasks of older versions (not checked).
+    plan_sha256: str | None = None
 
     @classmethod
     def from_row(cls, row: Sequence[Any], steps: tuple[Step, ...]) -> Task:
         """A task from a ``get_task`` row: ``(id, goal, status, created_at,
-        updated_at, lease_epoch, artifacts)``, with its steps."""
-        task_id, goal, status, created_at, updated_at, lease_epoch, artifacts = row
+        updated_at, lease_epoch, artifacts[, plan_sha256])``, with its steps
+        (schemas older than 0006 have no ``plan_sha256``)."""
+        task_id, goal, status, created_at, updated_at, lease_epoch, artifacts, *rest = row
         try:
             task_status = TaskStatus(status)
         except ValueError as exc:
@@ -170,6 +180,7 @@ class Task(NamedTuple):
             updated_at=updated_at,
             lease_epoch=lease_epoch,
             artifacts=artifacts,
+            plan_sha256=rest[0] if rest else None,
             steps=steps,
         )
 
@@ -262,3 +273,72 @@ def load_json_object(text: str | None) -> dict[str, Any]:
         return {}
     value = json.loads(text)
     return value if isinstance(value, dict) else {"value": value}
+
+
+class TaskSummary(NamedTuple):
+    """One line of ``ninelives ls``: a task's progress without its steps' data."""
+
+    id: str
+    status: str
+    queue: str | None
+    goal: str
+    created_at: float
+    updated_at: float
+    steps_done: int
+    steps_total: int
+    #: Attempts of all its steps together.
+    attempts: int
+    #: The kind and time of its newest journal event (None for a task without one).
+    last_event: str | None
+    last_ts: float | None
+
+    def as_json(self, now: float) -> dict[str, Any]:
+        """The task as ``ls --json`` and the web view's ``/api/tasks`` show it."""
+        return {
+            "task": self.id, "status": self.status, "queue": self.queue, "goal": self.goal,
+            "steps_done": self.steps_done, "steps_total": self.steps_total,
+            "attempts": self.attempts, "created_at": self.created_at,
+            "updated_at": self.updated_at, "age": round(now - self.created_at, 3),
+            "last_event": self.last_event, "last_ts": self.last_ts,
+        }  # fmt: skip
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> TaskSummary:
+        """From an ``ls_rows`` row, in the order of the fields."""
+        (task_id, status, queue, goal, created, updated, done, total, attempts, kind, ts) = row
+        return cls(
+            id=task_id, status=status, queue=queue, goal=goal, created_at=created,
+            updated_at=updated, steps_done=int(done), steps_total=int(total),
+            attempts=int(attempts), last_event=kind, last_ts=ts,
+        )  # fmt: skip
+
+
+class MetricCounts(NamedTuple):
+    """Whole-database counts for ``ninelives ui``'s ``/metrics``."""
+
+    tasks: dict[str, int]
+    steps: dict[str, int]
+    #: Attempts of every step together: steps started, counting each retry and rerun.
+    attempts: int
+    #: ``step_recovered`` events: steps found running after a crash.
+    recoveries: int
+
+
+class TaskHold(NamedTuple):
+    """Who holds a task, as ``doctor`` sees it: its lease (PostgreSQL) or epoch."""
+
+    id: str
+    queue: str | None
+    lease_epoch: int
+    lease_owner: str | None
+    lease_expires_at: float | None
+    #: The lease has an owner and expired on the database's clock (PostgreSQL).
+    expired: bool
+
+
+class Deleted(NamedTuple):
+    """What one ``gc`` batch removed, committed together."""
+
+    tasks: tuple[str, ...]
+    steps: int
+    events: int

@@ -290,6 +290,12 @@ def validate(plan: Plan, lookup: Callable[[str], Any]) -> None:
         check_spec_tools(plan.agent, lookup)
     for idx, step in enumerate(plan.steps):
         tool = lookup(step.tool)
+        mode = (step.policy or {}).get("on_unknown")
+        if mode == "probe" and getattr(tool, "probe", None) is None:
+            raise PlanError(
+                f"step {idx} ({step.tool}): on_unknown 'probe' needs a tool with a probe, "
+                f"and {step.tool!r} has none (use 'rerun' or 'refuse')"
+            )
         check = getattr(tool, "validate", None)
         if check is not None:
             try:

@@ -13,23 +13,36 @@ import os
 import re
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from . import crashpoints
+from .blobs import escape, needs_escape
 from .errors import (
+    BlobDamaged,
     CommitUnknown,
     InputError,
     InvalidTaskId,
-    OutputRefused,
     PlanError,
     PlanMismatch,
     TaskExists,
     TaskFailed,
 )
-from .journal import clean_error, dumps, encode_output, storable
-from .models import AGENT_TOOL, Event, EventKind, Run, Step, StepStatus, Task, TaskStatus
+from .journal import dumps, encode_output, storable
+from .models import (
+    AGENT_TOOL,
+    APPROVAL_TOOL,
+    Event,
+    EventKind,
+    Run,
+    Step,
+    StepStatus,
+    Task,
+    TaskStatus,
+)
+from .policy import Limits, StepTimeout, describe, limits_for, retry_delay
 from .settings import Settings
-from .store import Store, open_store
+from .store import StepNotDue, Store, open_store
 
 if TYPE_CHECKING:
     from .agent import Continuation
@@ -226,8 +239,14 @@ class Runtime:
         return self.store.get_task(task_id)
 
     def export(self, task_id: str) -> list[Event]:
-        """The task's journal in ``seq`` order; :class:`UnknownTask` if absent."""
-        self.store.get_task(task_id)
+        """The task's journal in ``seq`` order; :class:`UnknownTask` if absent.
+
+        Also for a task whose output blob is missing or damaged: the journal
+        needs no output, and it shows the reference that cannot be read."""
+        try:
+            self.store.get_task(task_id)
+        except BlobDamaged:
+            pass  # the task exists
         return self.store.events(task_id)
 
     def run(self, task_id: str) -> Task:
@@ -239,7 +258,9 @@ class Runtime:
         :class:`~ninelives.errors.TaskBusy` at once if another process runs it,
         :class:`~ninelives.errors.PlanError` if a tool it needs is missing here
         and :class:`~ninelives.errors.DamagedTask` if its rows cannot be read
-        (both before anything is written), and
+        (:class:`~ninelives.errors.PlanTampered` if its plan was edited; all
+        before anything is written), :class:`~ninelives.errors.TaskCancelled`
+        if it is cancelled, at once or at the next step boundary, and
         :class:`~ninelives.errors.CommitUnknown` if a commit fails: then it stops
         without another write, and the next run recovers.
         """
@@ -249,13 +270,65 @@ class Runtime:
         # The claim transaction also starts the first pending step: with it, a
         # run costs exactly two commits per step, the floor of this design.
         run, task = self.store.begin_run(
-            task_id, new_run_id(), start_first=True, check=self.resolve_tools,
-            max_recoveries=self.settings.max_recoveries,
+            task_id, new_run_id(), start_first=True, check=self._claimable,
+            max_recoveries=self.settings.max_recoveries, tool_version=self.tool_version,
+            on_unknown=self.unknown_modes(),
         )  # fmt: skip
         try:
             return self.execute(run, task)
         finally:
             self.store.end_run(run)
+
+    def cancel(self, task_id: str, *, reason: str | None = None) -> tuple[Task, bool]:
+        """Cancel the task: it becomes ``cancelled`` (``task_cancelled``) and is never
+        run again; a runner holding it stops before its next step (exit 9).
+
+        Returns the task and whether this call cancelled it (False: it already
+        was). Raises :class:`UnknownTask`, and :class:`InputError` for a done
+        task or a reason a journal cannot keep; neither changes anything.
+        """
+        from .lineage import check_reason
+
+        return self.store.cancel_task(task_id, new_run_id(), reason=check_reason(reason))
+
+    def fork(self, task_id: str, new_id: str, *, start: int, queue: str | None = None) -> Task:
+        """A new task ``new_id`` with ``task_id``'s plan, its steps before ``start``
+        copied done with their outputs (no tool runs for them), the rest pending
+        under the new id's own idempotency keys; ``task_forked`` names the source.
+
+        Raises :class:`~ninelives.errors.InvalidTaskId`, :class:`TaskExists`,
+        :class:`UnknownTask` and :class:`InputError` (see :meth:`Store.fork_task`),
+        each changing nothing.
+        """
+        check_task_id(new_id)
+        if queue is not None:
+            check_queue(queue)
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise InputError(f"--from must be a step index (0 or more), got {start!r}")
+        return self.store.fork_task(
+            task_id, new_id, start, new_run_id(), queue=queue,
+            artifacts=os.path.abspath(self.settings.artifacts),
+        )  # fmt: skip
+
+    def tool_version(self, name: str) -> str | None:
+        """The version tool ``name`` declares here (journaled in ``step_started``), or None."""
+        try:
+            return self.tools.lookup(name).version
+        except PlanError:
+            return None
+
+    def _claimable(self, task: Task) -> None:
+        """``run``'s check before its claim: a parked task stops it with nothing written."""
+        from .parking import refuse_parked
+
+        refuse_parked(task)
+        self.resolve_tools(task)
+
+    def unknown_modes(self) -> Callable[[Step], str]:
+        """``on_unknown(step)`` for a claim: each step's mode for an unknown outcome."""
+        from .parking import modes
+
+        return modes(self.tools)
 
     def resolve_tools(self, task: Task) -> None:
         """Raise :class:`~ninelives.errors.PlanError` unless every tool that the
@@ -277,12 +350,22 @@ class Runtime:
                         "started (nothing written): install or register the tool, then run again"
                     ) from None
 
-    def execute(self, run: Run, task: Task, *, stop: Callable[[], bool] | None = None) -> Task:
+    def execute(
+        self,
+        run: Run,
+        task: Task,
+        *,
+        stop: Callable[[], bool] | None = None,
+        max_wait: float | None = None,
+    ) -> Task:
         """Run the pending steps of a task this runner holds (``run`` from
         :meth:`Store.begin_run` or :meth:`Store.claim_next`); the caller ends the run.
 
         ``stop`` is asked before each step: when it returns True the runner
         returns the task as it stands, unfinished, having left no step running.
+        A step's backoff wait is slept through in-process, unless it is longer
+        than ``max_wait`` seconds: then the task is returned as it stands too
+        (a worker's slot takes other work; the store keeps the wait).
         Raises as :meth:`run` does; :class:`~ninelives.errors.LeaseLost` when
         another runner took the task over (nothing false was written).
         """
@@ -296,15 +379,26 @@ class Runtime:
             )
         if task.status is TaskStatus.DONE:
             return task
-        crashpoints.crash("after_recovery")
+        if task.status is TaskStatus.CANCELLED:  # cancelled while this run claimed it
+            from .lineage import cancelled
+
+            raise cancelled(task_id)
+        crashpoints.crash("after_recovery")  # the claim may have parked it: see after_claim
+        from . import blobs
         from .tools.effects import _TASK_ARTIFACTS, remove_orphans
 
         folder = self._artifacts_for(task)
         remove_orphans(folder, task_id, log=self._log)
+        self.store.blobs.remove_orphans(task_id)
         token = _TASK_ARTIFACTS.set(folder)
+        blob_token = blobs.CURRENT.set((self.store.blobs, task_id))
         try:
-            return self._steps(run, task, stop)
+            from .parking import after_claim
+
+            task = after_claim(self, run, task)  # probes; a parked task raises TaskParked
+            return self._steps(run, task, stop, max_wait)
         finally:
+            blobs.CURRENT.reset(blob_token)
             _TASK_ARTIFACTS.reset(token)
 
     def _artifacts_for(self, task: Task) -> str:
@@ -330,7 +424,9 @@ class Runtime:
                 "published there could be published a second time; unset it or give the same folder"
             )
 
-    def _steps(self, run: Run, task: Task, stop: Callable[[], bool] | None) -> Task:
+    def _steps(
+        self, run: Run, task: Task, stop: Callable[[], bool] | None, max_wait: float | None
+    ) -> Task:
         task_id = run.task_id
         started = run.started  # (idx, attempt) committed running by the claim itself
         pending = [
@@ -342,18 +438,29 @@ class Runtime:
             crashpoints.crash("before_task_done")
             self.store.finish_task(run)
         ctx: dict[int, Any] = task.outputs()
+        progress = {s.idx: s.progress for s in pending if s.progress is not None}
         for step in pending:
             tool = self.tools.lookup(step.tool)
+            if step.tool == APPROVAL_TOOL:
+                from .parking import wait_for_approval
+
+                raise wait_for_approval(self, run, step)
+            limits = limits_for(step.policy, self.settings.max_attempts, self.settings.backoff)
+            # A wait committed before this run (a restart in the middle of a backoff).
+            wait = max(0.0, step.not_before - time.time()) if step.not_before else 0.0
             while True:
-                attempt = self._start(run, step, started, stop)
+                began = time.monotonic()
+                attempt = self._start(run, step, started, stop, wait, max_wait)
                 started = None  # only ever the first step's first attempt
                 if attempt is None:
-                    return self.store.get_task(task_id)  # asked to stop; nothing running
-                result = self._attempt(run, step, tool, ctx, attempt)
-                if result is None:  # a step_error was recorded: wait, then try again
-                    _back_off(self.settings.retry_delay(attempt), stop)
+                    return self.store.get_task(task_id)  # stopped or parked; nothing running
+                result = self._attempt(run, step, tool, ctx, attempt, limits, progress)
+                if isinstance(result, float):  # a step_error was recorded: wait, then retry
+                    wait = result
                     continue
-                follow = self._record(run, step, *result, last=step is pending[-1])
+                follow = self._record(
+                    run, step, *result, last=step is pending[-1], took=time.monotonic() - began
+                )
                 ctx[step.idx] = result[0]
                 if follow is not None:
                     pending.extend(_appended(task_id, step.idx, follow))
@@ -366,17 +473,38 @@ class Runtime:
         step: Step,
         started: tuple[int, int] | None,
         stop: Callable[[], bool] | None,
+        wait: float,
+        max_wait: float | None,
     ) -> int | None:
         """Commit the step ``running`` and return its attempt number (the claim
-        transaction may have done it already: ``started``); None when ``stop`` says so."""
+        transaction may have done it already: ``started``), after ``wait``
+        seconds of backoff; None when ``stop`` says so or the wait exceeds ``max_wait``."""
         if started is not None and started[0] == step.idx:
             return started[1]
-        if stop is not None and stop():
-            return None
-        return self.store.start_step(run, step.idx, step.tool)
+        while True:
+            if wait > 0:
+                if max_wait is not None and wait > max_wait:
+                    self._say(f"{run.task_id}: step {step.idx} due in {wait:.1f}s; released")
+                    return None
+                _back_off(wait, stop)
+            if stop is not None and stop():
+                return None
+            try:
+                return self.store.start_step(
+                    run, step.idx, step.tool, tool_version=self.tool_version(step.tool)
+                )
+            except StepNotDue as exc:  # the store's clock says not yet
+                wait = exc.wait
 
     def _record(
-        self, run: Run, step: Step, output: dict[str, Any], encoded: str, *, last: bool
+        self,
+        run: Run,
+        step: Step,
+        output: dict[str, Any],
+        encoded: str,
+        *,
+        last: bool,
+        took: float = 0.0,
     ) -> Continuation | None:
         """Commit the step ``done`` with its output (the task ``done`` too when ``last``).
 
@@ -386,6 +514,7 @@ class Runtime:
         """
         follow = _continuation(step, output)
         crashpoints.crash("after_effect", step.idx)
+        encoded = self._out_of_row(run, step, encoded)
         if follow is None:
             self.store.finish_step(run, step.idx, step.tool, encoded, last=last)
         else:
@@ -394,17 +523,46 @@ class Runtime:
                 append=[(tool, dumps(given)) for tool, given in follow.append],
             )  # fmt: skip
         crashpoints.crash("after_commit", step.idx)
-        self._say(f"{run.task_id}: step {step.idx} {step.tool} done {_brief(output)}")
+        if self._log is not None:
+            again = " (recovered)" if step.idx in run.recovered else ""
+            self._say(
+                f"{run.task_id}: step {step.idx} {step.tool} done in {_took(took)}{again} "
+                f"{_brief(output)}"
+            )
         if follow is not None and follow.fail:
             raise TaskFailed(f"task {run.task_id!r} failed: {follow.fail}")
         return follow
 
+    def _out_of_row(self, run: Run, step: Step, encoded: str) -> str:
+        """The text to commit as the step's output: ``encoded`` itself, or, when it
+        is over the blob threshold, the reference to a blob stored durably now,
+        before the ``done`` commit that will refer to it."""
+        threshold = self.settings.blob_threshold
+        if len(encoded) <= threshold // 4:  # at most 4 bytes per character: surely small
+            return encoded
+        data = encoded.encode("utf-8")
+        if len(data) <= threshold:
+            return encoded
+        from .journal import dumps as canonical
+
+        ref = self.store.blobs.put([data], tag=f"{run.task_id}-{step.idx}")
+        crashpoints.crash("blob_before_reference", step.idx)
+        return canonical(ref.as_json())
+
     def _attempt(
-        self, run: Run, step: Step, tool: Tool, ctx: dict[int, Any], attempt: int
-    ) -> tuple[dict[str, Any], str] | None:
+        self,
+        run: Run,
+        step: Step,
+        tool: Tool,
+        ctx: dict[int, Any],
+        attempt: int,
+        limits: Limits,
+        progress: dict[int, Any],
+    ) -> tuple[dict[str, Any], str] | float:
         """Run the tool of a step committed ``running``: its output and the JSON
-        text to store, or None once a ``step_error`` is recorded (the tool raised,
-        or its output cannot be stored). Raises TaskFailed at the attempt limit."""
+        text to store, or the seconds to wait once a ``step_error`` is recorded
+        (the tool raised or overran its timeout, or its output cannot be
+        stored). Raises TaskFailed when the error ends the task."""
         from .tools import ToolContext
 
         crashpoints.crash("before_effect", step.idx)
@@ -413,33 +571,95 @@ class Runtime:
         # A runner paused past its lease must not start an effect that
         # another runner may own by now (its commits would be fenced anyway).
         self.store.check_lease(run)
+        context = ToolContext(
+            task_id=run.task_id, step=step.idx, attempt=attempt, outputs=ctx,
+            idem_key=f"{run.task_id}-{step.idx}", progress=progress.get(step.idx),
+            saver=self._saver(run, step.idx),
+        )  # fmt: skip
         try:
-            context = ToolContext(
-                task_id=run.task_id, step=step.idx, attempt=attempt, outputs=ctx,
-                idem_key=f"{run.task_id}-{step.idx}",
-            )  # fmt: skip
-            returned = tool.run(step.input, context)
+            with self._time_limit(run, step, attempt, limits):
+                returned = tool.run(step.input, context)
             # Checked before the commit: text that cannot be stored (a lone
             # surrogate, NaN, too big) would otherwise fail the commit on
             # every attempt and leave the step running forever.
             encoded = encode_output(returned, self.settings.max_output)
+            if needs_escape(returned):  # it would read back as a reference
+                encoded = escape(encoded)
         except CommitUnknown:
             raise  # storage failed under the effect: stop, never retry
-        except Exception as exc:
-            self._record_error(run, step, attempt, exc)
-            return None
+        except (Exception, StepTimeout) as exc:
+            return self._record_error(run, step, attempt, exc, limits)
+        finally:
+            if context.progress is not None:
+                progress[step.idx] = context.progress
         return (returned if isinstance(returned, dict) else dict(returned)), encoded
 
-    def _record_error(self, run: Run, step: Step, attempt: int, exc: Exception) -> None:
-        """Journal the attempt's ``step_error``; raise TaskFailed at the attempt limit."""
-        error = clean_error(str(exc) if isinstance(exc, OutputRefused) else
-                            f"{type(exc).__name__}: {exc}")  # fmt: skip
+    def _saver(self, run: Run, idx: int) -> Callable[[Any], None]:
+        """``ctx.checkpoint`` of one step: checked like an output, committed fenced."""
+        from .policy import alarm_held, encode_progress
+
+        def save(value: Any) -> None:
+            text = encode_progress(value, self.settings.max_output)
+            with alarm_held():
+                self.store.checkpoint(run, idx, text)
+
+        return save
+
+    def _time_limit(
+        self, run: Run, step: Step, attempt: int, limits: Limits
+    ) -> AbstractContextManager[Any]:
+        """The step's timeout: SIGALRM in the main thread, a watchdog elsewhere
+        (see :mod:`ninelives.policy`); nothing without a ``timeout``."""
+        from .policy import time_limit
+
+        timeout = limits.timeout or 0.0
+
+        def overrun() -> None:
+            self._say(
+                f"{run.task_id}: step {step.idx} {step.tool} overran its {timeout:g}s timeout "
+                "in a thread, which nothing can interrupt: this process exits"
+            )
+            other = open_store(self.store.url)  # the slot's own store is busy in the tool
+            try:
+                self._record_error(run, step, attempt, StepTimeout(timeout), limits, store=other)
+            except TaskFailed:
+                pass  # journaled; the process exits all the same
+            finally:
+                other.close()
+
+        return time_limit(limits.timeout, overrun)
+
+    def _record_error(
+        self,
+        run: Run,
+        step: Step,
+        attempt: int,
+        exc: BaseException,
+        limits: Limits,
+        *,
+        store: Store | None = None,
+    ) -> float:
+        """Journal the attempt's ``step_error`` with the decision taken: the seconds
+        to wait before the next attempt (committed as the step's ``not_before``),
+        or TaskFailed at the attempt limit or for a :class:`PermanentError`."""
+        error, permanent, detail = describe(exc)
         self._say(f"{run.task_id}: step {step.idx} {step.tool} attempt {attempt}: {error}")
-        if self.store.record_error(run, step.idx, error, self.settings.max_attempts):
+        delay = 0.0 if permanent else retry_delay(limits, attempt)
+        failed = (store or self.store).record_error(
+            run, step.idx, error, limits.max_attempts, delay=delay or None,
+            permanent=permanent, detail=detail,
+        )  # fmt: skip
+        if failed and permanent:
+            raise TaskFailed(
+                f"task {run.task_id!r} failed: step {step.idx} ({step.tool}) raised a "
+                f"permanent error on attempt {attempt}: {error}"
+            ) from None
+        if failed:
             raise TaskFailed(
                 f"task {run.task_id!r} failed: step {step.idx} ({step.tool}) "
                 f"failed {attempt} times; last error: {error}"
             ) from None
+        return delay
 
     def _failure(self, task_id: str) -> str:
         """The journaled reason a task failed (read only on that path)."""
@@ -451,6 +671,17 @@ class Runtime:
     def _say(self, line: str) -> None:
         if self._log is not None:
             self._log(line)
+
+
+def _took(seconds: float) -> str:
+    """A step's elapsed time as the progress line shows it: ``3 ms``, ``1.2 s``, ``4 min``."""
+    if seconds < 0.01:
+        return f"{seconds * 1000:.1f} ms"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.0f} min"
 
 
 def _back_off(delay: float, stop: Callable[[], bool] | None) -> None:

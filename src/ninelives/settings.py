@@ -11,8 +11,8 @@ from .errors import InputError
 
 T = TypeVar("T", int, float)
 
-#: The longest wait between two attempts of a step, in seconds.
-BACKOFF_CAP = 10.0
+#: The largest ``NINELIVES_BACKOFF`` (and the default cap of every wait, in seconds).
+BACKOFF_CAP = 30.0
 
 
 class Settings(NamedTuple):
@@ -31,17 +31,19 @@ class Settings(NamedTuple):
     max_recoveries: int = 5
     #: Largest step output stored, in bytes of JSON (``NINELIVES_MAX_OUTPUT``).
     max_output: int = 64 * 1024 * 1024
-    #: Seconds before a failed step's second attempt, doubled for each later one
-    #: and capped at :data:`BACKOFF_CAP`; 0 retries at once (``NINELIVES_BACKOFF``).
+    #: The backoff base: about this many seconds before a failed step's second
+    #: attempt, doubled for each later one, with jitter, capped at 30 s
+    #: (:mod:`ninelives.policy`); a step's ``backoff`` policy overrides it; 0
+    #: turns every wait off, the plans' too (``NINELIVES_BACKOFF``).
     backoff: float = 0.5
     #: Modules that register tools, imported by the tool registry (``NINELIVES_TOOLS``).
     tool_modules: tuple[str, ...] = ()
-
-    def retry_delay(self, attempt: int) -> float:
-        """Seconds to wait after attempt number ``attempt`` (1-based) of a step failed."""
-        if self.backoff <= 0:
-            return 0.0
-        return float(min(self.backoff * 2 ** min(attempt - 1, 32), BACKOFF_CAP))
+    #: Outputs over this many bytes of JSON are stored as blobs, out of the row
+    #: (``NINELIVES_BLOB_THRESHOLD``; see :mod:`ninelives.blobs`).
+    blob_threshold: int = 64 * 1024
+    #: Largest file ``fetch`` reads; one over ``MAX_FETCH_BYTES`` is streamed to
+    #: the blob store instead of held in memory (``NINELIVES_MAX_FETCH``).
+    max_fetch: int = 1 << 30
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -76,6 +78,10 @@ class Settings(NamedTuple):
             ),
             backoff=_number(env, "NINELIVES_BACKOFF", 0.5, float, minimum=0, maximum=BACKOFF_CAP),
             tool_modules=parse_tool_modules(env.get("NINELIVES_TOOLS", "")),
+            blob_threshold=_number(
+                env, "NINELIVES_BLOB_THRESHOLD", 64 * 1024, int, minimum=0, maximum=1 << 40
+            ),
+            max_fetch=_number(env, "NINELIVES_MAX_FETCH", 1 << 30, int, minimum=1, maximum=1 << 40),
         )
 
 

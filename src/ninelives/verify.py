@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import DamagedTask, StoreError
+from .errors import BlobDamaged, DamagedTask, PlanTampered, StoreError
 from .journal import CLOSING_KINDS, journal_problems
 from .models import Event, EventKind, StepStatus, Task, TaskStatus
 
@@ -33,7 +33,43 @@ STEP_STATUS_AFTER: dict[str, StepStatus] = {
     EventKind.TASK_FAILED.value: StepStatus.FAILED,
     EventKind.TASK_RETRIED.value: StepStatus.PENDING,
     EventKind.STEP_APPENDED.value: StepStatus.PENDING,
+    EventKind.STEP_RECONCILED.value: StepStatus.DONE,
+    EventKind.STEP_BLOCKED.value: StepStatus.BLOCKED,
+    EventKind.STEP_WAITING.value: StepStatus.WAITING,
+    #: ``done`` when a person gave the output; ``pending`` for ``--retry`` (data ``outcome``).
+    EventKind.STEP_RESOLVED.value: StepStatus.DONE,
+    EventKind.STEP_APPROVED.value: StepStatus.DONE,
+    EventKind.STEP_REJECTED.value: StepStatus.FAILED,
 }
+
+#: Kinds that commit a step ``done`` (at most once each step, retries aside).
+_DONE_KINDS = frozenset(
+    {
+        EventKind.STEP_FINISHED.value,
+        EventKind.STEP_RECONCILED.value,
+        EventKind.STEP_APPROVED.value,
+        EventKind.STEP_RESOLVED.value,
+    }
+)
+
+#: A person's decision, and the parking event the step's journal must show just before it.
+_DECIDES = {
+    EventKind.STEP_RESOLVED.value: EventKind.STEP_BLOCKED.value,
+    EventKind.STEP_APPROVED.value: EventKind.STEP_WAITING.value,
+    EventKind.STEP_REJECTED.value: EventKind.STEP_WAITING.value,
+}
+_PARKED = {
+    EventKind.STEP_BLOCKED.value: TaskStatus.BLOCKED,
+    EventKind.STEP_WAITING.value: TaskStatus.WAITING,
+}
+
+
+def status_after(event: Event) -> StepStatus:
+    """The step status that a step-level event (a kind in :data:`STEP_STATUS_AFTER`) leaves."""
+    if event.kind == EventKind.STEP_RESOLVED.value and event.data.get("outcome") == "retry":
+        return StepStatus.PENDING
+    return STEP_STATUS_AFTER[event.kind]
+
 
 #: Events after which the task has ended; nothing moves it out of these states.
 TASK_END_STATUS: dict[str, TaskStatus] = {
@@ -108,6 +144,8 @@ def check_task(
 
     by_idx = {s.idx: s for s in task.steps}
     found.extend(_appended_violations(task, events))
+    found.extend(lineage_violations(task, events))
+    copied = forked_steps(events)
     starts: dict[int, list[int]] = {}
     finishes: dict[int, list[int]] = {}
     last: dict[int, Event] = {}
@@ -131,7 +169,7 @@ def check_task(
             open_start[idx] = event.seq
         elif event.kind in CLOSING_KINDS:
             open_start.pop(idx, None)
-        if event.kind == EventKind.STEP_FINISHED.value:
+        if event.kind in _DONE_KINDS and status_after(event) is StepStatus.DONE:
             finishes.setdefault(idx, []).append(event.seq)
         if event.kind in STEP_STATUS_AFTER:
             last[idx] = event
@@ -151,7 +189,10 @@ def check_task(
 
     for step in task.steps:
         latest = last.get(step.idx)
-        expected = STEP_STATUS_AFTER[latest.kind] if latest is not None else StepStatus.PENDING
+        if latest is not None:
+            expected = status_after(latest)
+        else:  # a fork's copied steps are done without a start of their own
+            expected = StepStatus.DONE if step.idx in copied else StepStatus.PENDING
         if step.status is not expected:
             add(
                 "step_status",
@@ -167,6 +208,20 @@ def check_task(
             )
         if step.status is StepStatus.DONE and step.output is None:
             add("output", f"step {step.idx} is done without an output", finishes.get(step.idx, []))
+        finished = last.get(step.idx)
+        if (
+            step.status is StepStatus.DONE
+            and finished is not None
+            and finished.kind == EventKind.STEP_FINISHED.value
+            and finished.data.get("blob") != step.output_blob
+        ):
+            stored = f"blob {step.output_blob}" if step.output_blob else "in the row"
+            add(
+                "output_blob",
+                f"step {step.idx}: its step_finished records blob {finished.data.get('blob')} "
+                f"but its output is {stored}",
+                [finished.seq],
+            )
 
     expected_task, status_seq = _task_status_from(events)
     if task.status is not expected_task:
@@ -184,8 +239,99 @@ def check_task(
     ends = [e.seq for e in events if e.kind in TASK_END_STATUS and e.seq > since]
     if len(ends) > 1:
         add("task_end", f"{len(ends)} task_done/task_failed events", ends)
+    found.extend(_policy_violations(task, events))
+    found.extend(_parking_violations(task, events))
     if limits is not None:
         found.extend(_past_limits(task, events, *limits))
+    return found
+
+
+def _policy_violations(task: Task, events: Sequence[Event]) -> list[Violation]:
+    """``step_progress`` only inside an attempt, the stored progress equal to the
+    last one journaled, and no attempt started before the ``retry_at`` of the
+    ``step_error`` before it (a backoff that a restart cut short)."""
+    found: list[Violation] = []
+    open_steps: set[int] = set()
+    journaled: dict[int, Event] = {}
+    due: dict[int, tuple[float, int]] = {}
+    for event in events:
+        idx = event.step_idx
+        if idx is None:
+            continue
+        if event.kind == EventKind.STEP_STARTED.value:
+            open_steps.add(idx)
+            wait = due.pop(idx, None)
+            if wait is not None and event.ts < wait[0]:
+                found.append(Violation(
+                    task_id=task.id, check="backoff",
+                    message=f"step {idx} started {wait[0] - event.ts:.3f}s before the "
+                    "retry_at of its step_error",
+                    seqs=(wait[1], event.seq),
+                ))  # fmt: skip
+        elif event.kind == EventKind.STEP_PROGRESS.value:
+            journaled[idx] = event
+            if idx not in open_steps:
+                found.append(Violation(
+                    task_id=task.id, check="progress",
+                    message=f"step {idx} journaled progress while not running",
+                    seqs=(event.seq,),
+                ))  # fmt: skip
+        elif event.kind in CLOSING_KINDS or event.kind == EventKind.TASK_FAILED.value:
+            open_steps.discard(idx)
+            retry_at = event.data.get("retry_at")
+            if event.kind == EventKind.STEP_ERROR.value and isinstance(retry_at, (int, float)):
+                due[idx] = (float(retry_at), event.seq)
+        elif event.kind == EventKind.TASK_RETRIED.value:
+            due.pop(idx, None)  # a retry is due at once
+    for step in task.steps:
+        last = journaled.get(step.idx)
+        expected = last.data.get("progress") if last is not None else None
+        if step.progress != expected:
+            found.append(Violation(
+                task_id=task.id, check="progress",
+                message=f"step {step.idx} holds progress that its journal does not end with",
+                seqs=(last.seq,) if last is not None else (),
+            ))  # fmt: skip
+    return found
+
+
+def _parking_violations(task: Task, events: Sequence[Event]) -> list[Violation]:
+    """Unknown outcomes and approvals: a step is reconciled only right after its
+    recovery for a probe, in the same run; a person decides only a step parked
+    for that (``step_resolved`` after ``step_blocked``, ``step_approved`` or
+    ``step_rejected`` after ``step_waiting``); a rejection fails the task at once;
+    a block says why."""
+    found = []
+
+    def add(check: str, message: str, seqs: Iterable[int]) -> None:
+        found.append(Violation(task_id=task.id, check=check, message=message, seqs=tuple(seqs)))
+
+    before: dict[int, Event] = {}
+    for i, event in enumerate(events):
+        idx = event.step_idx
+        if idx is None or event.kind not in STEP_STATUS_AFTER:
+            continue
+        prior = before.get(idx)
+        if event.kind == EventKind.STEP_RECONCILED.value and not (
+            prior is not None
+            and prior.kind == EventKind.STEP_RECOVERED.value
+            and prior.data.get("on_unknown") == "probe"
+            and prior.run_id == event.run_id
+        ):
+            add("reconciled", f"step {idx} reconciled without a probe's recovery before it",
+                [event.seq])  # fmt: skip
+        wanted = _DECIDES.get(event.kind)
+        if wanted is not None and (prior is None or prior.kind != wanted):
+            add("decided", f"{event.kind} of step {idx} does not follow its {wanted}",
+                [event.seq, *([prior.seq] if prior else [])])  # fmt: skip
+        if event.kind == EventKind.STEP_REJECTED.value:
+            following = events[i + 1] if i + 1 < len(events) else None
+            if following is None or following.kind != EventKind.TASK_FAILED.value:
+                add("rejected", f"step {idx} was rejected but the task did not fail with it",
+                    [event.seq])  # fmt: skip
+        if event.kind == EventKind.STEP_BLOCKED.value and not event.data.get("reason"):
+            add("blocked", f"step {idx} was blocked without a reason", [event.seq])
+        before[idx] = event
     return found
 
 
@@ -200,19 +346,23 @@ def _past_limits(
         (EventKind.STEP_RECOVERED.value, max_recoveries + 1, "recovery_limit",
          "NINELIVES_MAX_RECOVERIES"),
     )  # fmt: skip
+    policies = {s.idx: s.policy for s in task.steps if s.policy}
     for kind, allowed, check, variable in checks:
         seqs: dict[int, list[int]] = {}
         for event in events:
             if event.kind == kind and event.step_idx is not None:
                 seqs.setdefault(event.step_idx, []).append(event.seq)
         for idx, seen in sorted(seqs.items()):
-            if len(seen) > allowed:
+            limit, name = allowed, variable
+            if kind == EventKind.STEP_ERROR.value and "max_attempts" in policies.get(idx, {}):
+                limit, name = int(policies[idx]["max_attempts"]), "its max_attempts policy"
+            if len(seen) > limit:
                 message = (
                     f"step {idx} has {len(seen)} {kind} events, more than the limit allows "
-                    f"({variable} as verify runs): it was run again instead of failing"
+                    f"({name} as verify runs): it was run again instead of failing"
                 )
                 found.append(Violation(task_id=task.id, check=check, message=message,
-                                       seqs=tuple(seen[allowed:])))  # fmt: skip
+                                       seqs=tuple(seen[limit:])))  # fmt: skip
     return found
 
 
@@ -247,6 +397,11 @@ def _appended_violations(task: Task, events: Sequence[Event]) -> list[Violation]
 def _task_status_from(events: Sequence[Event]) -> tuple[TaskStatus, int | None]:
     status, seq = TaskStatus.PENDING, None
     for event in events:
+        if status is TaskStatus.CANCELLED:
+            break  # nothing moves a cancelled task on
+        if event.kind == EventKind.TASK_CANCELLED.value:
+            status, seq = TaskStatus.CANCELLED, event.seq
+            continue
         if event.kind == EventKind.TASK_RETRIED.value:
             status, seq = TaskStatus.PENDING, event.seq
             continue
@@ -254,9 +409,86 @@ def _task_status_from(events: Sequence[Event]) -> tuple[TaskStatus, int | None]:
             continue  # only a retry moves an ended task on
         if event.kind in TASK_END_STATUS:
             status, seq = TASK_END_STATUS[event.kind], event.seq
+        elif event.kind in _PARKED:
+            status, seq = _PARKED[event.kind], event.seq
+        elif event.kind in _DECIDES:
+            status, seq = TaskStatus.PENDING, event.seq  # a rejection's task_failed follows
+        elif status in (TaskStatus.BLOCKED, TaskStatus.WAITING):
+            continue  # parked until a person decides (a claim that parked it goes on journaling)
         elif event.kind == EventKind.RUN_STARTED.value or event.kind in _STEP_KINDS:
             status, seq = TaskStatus.RUNNING, event.seq
     return status, seq
+
+
+def forked_steps(events: Sequence[Event]) -> frozenset[int]:
+    """The steps a fork copied done (those before its ``task_forked``'s ``from``)."""
+    for event in events:
+        if event.kind == EventKind.TASK_FORKED.value:
+            start = event.data.get("from")
+            return frozenset(range(start)) if isinstance(start, int) else frozenset()
+    return frozenset()
+
+
+def lineage_violations(task: Task, events: Sequence[Event]) -> list[Violation]:
+    """The invariants of cancel, fork and the plan's SHA-256.
+
+    ``plan_integrity``: the stored goal and steps hash to the digest kept since
+    create. ``cancel``: at most one ``task_cancelled``, none after the task was
+    done, and after it no ``step_started``, ``task_done`` or ``task_failed``
+    (a cancelled task starts no step). ``fork``: at most one ``task_forked``,
+    right after ``task_created``; each step it copied is done with an output
+    and was never started in this task.
+    """
+    from .lineage import check_plan
+
+    found: list[Violation] = []
+
+    def add(check: str, message: str, seqs: Iterable[int] = ()) -> None:
+        found.append(Violation(task_id=task.id, check=check, message=message, seqs=tuple(seqs)))
+
+    try:
+        check_plan(task)
+    except PlanTampered as exc:
+        add("plan_integrity", str(exc))
+    cancels = [e.seq for e in events if e.kind == EventKind.TASK_CANCELLED.value]
+    if len(cancels) > 1:
+        add("cancel", f"{len(cancels)} task_cancelled events", cancels)
+    if cancels:
+        done = [e.seq for e in events if e.kind == EventKind.TASK_DONE.value and e.seq < cancels[0]]
+        if done:
+            add("cancel", "task_cancelled after task_done", [*done, cancels[0]])
+        after = [
+            e.seq
+            for e in events
+            if e.seq > cancels[0]
+            and e.kind
+            in (
+                EventKind.STEP_STARTED.value,
+                EventKind.TASK_DONE.value,
+                EventKind.TASK_FAILED.value,
+            )
+        ]
+        if after:
+            add("cancel", f"{len(after)} step_started/task_done/task_failed after task_cancelled",
+                [cancels[0], *after])  # fmt: skip
+    forks = [e for e in events if e.kind == EventKind.TASK_FORKED.value]
+    if len(forks) > 1 or (forks and (len(events) < 2 or events[1] is not forks[0])):
+        add("fork", "task_forked must be the one event right after task_created",
+            [e.seq for e in forks])  # fmt: skip
+    copied = forked_steps(events)
+    if copied:
+        by_idx = {s.idx: s for s in task.steps}
+        for idx in sorted(copied):
+            step = by_idx.get(idx)
+            if step is None or step.output is None:
+                add("fork", f"step {idx} was copied by the fork but has no output",
+                    [forks[0].seq])  # fmt: skip
+        started = [
+            e.seq for e in events if e.kind == EventKind.STEP_STARTED.value and e.step_idx in copied
+        ]
+        if started:
+            add("fork", "a step the fork copied done was started again", started)
+    return found
 
 
 def artifact_outputs(task: Task) -> dict[int, dict[str, Any]]:
@@ -368,7 +600,13 @@ def verify_store(
             task, events = read_consistent(store, task_id)
         except StoreError as exc:
             # A damaged file or task may still let the others be read: report and go on.
-            check = "damaged" if isinstance(exc, DamagedTask) else "unreadable"
+            check = (
+                "blob"
+                if isinstance(exc, BlobDamaged)
+                else "damaged"
+                if isinstance(exc, DamagedTask)
+                else "unreadable"
+            )
             found.append(Violation(task_id=task_id, check=check, message=str(exc)))
             continue
         total += len(events)

@@ -22,6 +22,9 @@ store connection, looping claim -> run -> release:
   ``action=cannot_run`` or ``action=damaged`` and passes it over for
   ``SKIP_SECONDS``. With ``drain`` the worker ends once only such tasks are
   left, naming them (:class:`~ninelives.errors.TasksLeft`, exit 11).
+* A task cancelled while a slot runs it (``ninelives cancel``) is released at
+  the next step boundary, its step in flight committed: ``action=cancelled``;
+  the slot goes on with other tasks.
 * An I/O error that leaves a commit's outcome unknown stops the whole process
   at once, exactly as ``run`` does: the slot closes its connection and the
   process exits 6 without another write (no slot may commit after a failed
@@ -50,7 +53,9 @@ from .errors import (
     NineLivesError,
     PlanError,
     StoreError,
+    TaskCancelled,
     TaskFailed,
+    TaskParked,
     TasksLeft,
     UnknownTask,
 )
@@ -320,7 +325,7 @@ class Worker:
         try:
             return store.claim_next(
                 self.options.queue, new_run_id(), skip=self._skipped(), check=check,
-                max_recoveries=self.settings.max_recoveries,
+                max_recoveries=self.settings.max_recoveries, on_unknown=runtime.unknown_modes(),
             )  # fmt: skip
         except (_CannotRun, DamagedTask) as exc:
             self._refuse(slot, exc.task_id, exc)
@@ -396,11 +401,23 @@ class Worker:
             self._current[slot] = run
             self._unrunnable.pop(run.task_id, None)
         try:
-            result = runtime.execute(run, task, stop=self._stopping.is_set)
+            # A backoff longer than a poll is not slept in the slot: the task is
+            # released, and the claim passes it over until it is due.
+            result = runtime.execute(
+                run, task, stop=self._stopping.is_set, max_wait=self.options.poll
+            )
         except LeaseLost:
             self.note(slot, "lease_lost", **ids)
         except TaskFailed as exc:
             self.note(slot, "failed", **ids, error=_one_line(exc))
+        except TaskCancelled:
+            # Stopped at the step boundary; the lease is released below and the
+            # slot goes on with other tasks (workers never claim a cancelled one).
+            self.note(slot, "cancelled", **ids)
+        except TaskParked as exc:
+            # Waits for a person: no longer claimable, so the worker goes on with
+            # other tasks and takes this one again once resolved or approved.
+            self.note(slot, "parked", **ids, error=_one_line(exc))
         except CommitUnknown as exc:
             with self._mutex:
                 self._current.pop(slot, None)

@@ -34,6 +34,10 @@ ELSEWHERE = {
     "artifact": "make test runs make demo in a fresh copy (scripts/check-install.sh)",
     "pip install .                                    # in a checkout; the SQLite core has no "
     "dependency": "make test builds the wheel and installs it in a fresh virtualenv",
+    "$ ninelives ui --port 8765 &": "tests/cli/test_ui.py starts the view and reads every page",
+    "$ ninelives export demo --format otlp-json \\": (
+        "tests/cli/test_export_formats.py posts it with curl to an OTLP/HTTP receiver on 127.0.0.1"
+    ),
     "pip install '.[postgres]'         # in a checkout: psycopg 3, imported only by this backend": (
         "the suite's own PostgreSQL cluster (tests/pgcluster.py) stands in for this server"
     ),
@@ -91,7 +95,7 @@ def test_the_shell_blocks_work_as_written(tmp_path: Path) -> None:
     outcome, problems = run_shell(_shell(False), tmp_path, _env(tmp_path))
     assert problems == [], "\n".join(problems)
     folder = tmp_path / "quickstart"
-    assert sorted(os.listdir(folder / "artifacts")) == ["demo-2.md"]
+    assert sorted(os.listdir(folder / "artifacts")) == ["demo-2.md", "replay-2.md"]
     labels = [label for label, _, _ in outcome.steps]
     assert any(label.startswith("AGENT_CRASH_AT=after_effect:2") for label in labels)
 

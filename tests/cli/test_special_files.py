@@ -112,16 +112,20 @@ def test_fetch_of_a_device_inside_the_workspace_is_refused(lab: Lab) -> None:
 
 
 def test_fetch_of_a_file_over_the_size_cap_is_refused(lab: Lab) -> None:
+    # Over MAX_FETCH_BYTES a file is streamed into the blob store (tests/crash/
+    # test_blob_kills.py); NINELIVES_MAX_FETCH is the cap on what fetch reads at all.
     from ninelives.tools.builtin import MAX_FETCH_BYTES
 
     created(lab)
     with open(lab.root / "input" / "notes.txt", "r+b") as fh:
         fh.truncate(MAX_FETCH_BYTES + 1)  # sparse: costs no disk
-    result = lab.cli("run", "t", timeout=HANG, AGENT_MAX_ATTEMPTS="1")
+    cap = str(MAX_FETCH_BYTES)
+    result = lab.cli("run", "t", timeout=HANG, AGENT_MAX_ATTEMPTS="1", NINELIVES_MAX_FETCH=cap)
     assert_one_line_failure(result)
-    assert [f"larger than fetch's limit of {MAX_FETCH_BYTES} bytes" in e for e in errors(lab)] == [
-        True
-    ]
+    assert [
+        f"larger than fetch's limit of {MAX_FETCH_BYTES} bytes (NINELIVES_MAX_FETCH)" in e
+        for e in errors(lab)
+    ] == [True]
 
 
 def test_fetch_at_the_size_cap_is_read(sqlite_lab: Lab) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ninelives import __version__
 from ninelives.errors import LeaseLost, StoreError, TaskBusy, TaskExists, UnknownTask
 from ninelives.journal import invariant_violations
 from ninelives.locking import lock_folder
@@ -273,7 +274,8 @@ def test_a_whole_run_journals_in_order(store: Store) -> None:
     assert [e.seq for e in events] == sorted({e.seq for e in events})
     assert [e.ts for e in events] == sorted(e.ts for e in events)
     assert events[1].data == {"recovered": []}
-    assert events[2].data == {"tool": "fetch", "attempt": 1}
+    # The contract's two keys, and the version that ran the step.
+    assert events[2].data == {"tool": "fetch", "attempt": 1, "ninelives": __version__}
     assert {e.run_id for e in events[1:]} == {"run-1"}
     assert invariant_violations(events) == []
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from ninelives import crashpoints
+from ninelives.store import sql
 from ninelives.testing import Lab, Snapshot, five_property_violations
 from ninelives.testing.lab import GUIDE_PLAN
 from ninelives.testing.simulation import write_legacy_database
@@ -30,6 +31,7 @@ TASK = "t"
 SUMMARY = "Line one\nLine two\nLine three"
 EXPECTED = {f"{TASK}-2.md": SUMMARY}
 SRC = Path(__file__).resolve().parents[2] / "src" / "ninelives"
+LATEST = sql.migrations("sqlite")[-1][0]
 
 #: A scenario leaves the task killed and returns the snapshot to compare the
 #: resumed task with (None: nothing was committed before) and how many run
@@ -123,17 +125,17 @@ def _pg_tables(url: str) -> set[str]:
     return {str(row[0]) for row in rows}
 
 
-def _migration(lab: Lab) -> tuple[Snapshot | None, int]:
+def _migration(lab: Lab, at: str = "migration_before_commit") -> tuple[Snapshot | None, int]:
     lab.guide_setup()
     if lab.sqlite_path is None:
         # A fresh PostgreSQL database: the first command migrates it, in one
         # transaction that the kill rolls back whole.
-        _killed(lab, "create", TASK, "plan.json", at="migration_before_commit")
+        _killed(lab, "create", TASK, "plan.json", at=at)
         assert _pg_tables(lab.db) == set(), "the killed migration was committed"
         assert lab.cli("create", TASK, "plan.json").returncode == 0
         return None, 0
     write_legacy_database(str(lab.root / "state.db"), GUIDE_PLAN, {}, task_id=TASK)
-    _killed(lab, "run", TASK, at="migration_before_commit")
+    _killed(lab, "run", TASK, at=at)
     version, columns = _legacy_columns(lab)
     assert version == 0, "the killed migration was committed"
     assert "lease_epoch" not in columns, columns
@@ -179,7 +181,102 @@ def _task_done(lab: Lab) -> tuple[Snapshot | None, int]:
     return before, 2
 
 
+#: The guide's fetch, checkpointing before it reads (a module named in NINELIVES_TOOLS).
+CHECKPOINTING_FETCH = """
+from ninelives.tools import Tool
+
+
+def register(registry):
+    original = registry.lookup("fetch")
+
+    def fetch(step_input, context):
+        context.checkpoint({"seen": (context.progress or {}).get("seen", 0) + 1})
+        return original.run(step_input, context)
+
+    registry.add(Tool(name="fetch", fn=fetch, takes_context=True))
+"""
+
+
+def _checkpoint(lab: Lab) -> tuple[Snapshot | None, int]:
+    _created(lab)
+    lab.write("cptools.py", CHECKPOINTING_FETCH)
+    lab.base_env["NINELIVES_TOOLS"] = "cptools"  # the resumed run checkpoints too
+    _killed(lab, "run", TASK, at="checkpoint_before_commit:0")
+    before = lab.snapshot(TASK)
+    assert "step_progress" not in [e["kind"] for e in before.events]  # rolled back
+    return before, 1
+
+
+def _side_task(lab: Lab, steps: list[dict[str, object]]) -> None:
+    """A task ``side`` of the tools in effect_tools.py (counted effects, probes)."""
+    shutil.copy(Path(__file__).with_name("effect_tools.py"), lab.root / "effect_tools.py")
+    lab.base_env["NINELIVES_TOOLS"] = "effect_tools"
+    lab.write_plan({"goal": "side", "steps": steps}, "side.json")
+    assert lab.cli("create", "side", "side.json").returncode == 0
+
+
+def _probe_point(point: str) -> Scenario:
+    """Killed after a probe answered (or inside the answer's commit): nothing of the
+    answer is kept, the step is still running, the next run probes again and
+    reconciles; the effect ran once. Then the guide's task, killed nowhere."""
+
+    def scenario(lab: Lab) -> tuple[Snapshot | None, int]:
+        _side_task(lab, [{"tool": "charge_probe", "input": {}}])
+        _killed(lab, "run", "side", at="after_effect:0")
+        _killed(lab, "run", "side", at=f"{point}:0")
+        assert lab.snapshot("side").steps_with("running") == {0}
+        assert lab.cli("run", "side").returncode == 0
+        assert (lab.root / "effects.log").read_text().splitlines() == ["side-0"]
+        assert lab.cli("verify", "side").returncode == 0
+        _created(lab)
+        return None, 0
+
+    return scenario
+
+
+def _decision(lab: Lab) -> tuple[Snapshot | None, int]:
+    """``approve`` killed before its commit: the step still waits; approved again, it runs on."""
+    _side_task(lab, [{"tool": "approval", "input": {"prompt": "ok?"}}])
+    assert lab.cli("run", "side").returncode == 8
+    waiting = lab.snapshot("side")
+    _killed(lab, "approve", "side", "0", at="decision_before_commit")
+    assert lab.snapshot("side") == waiting
+    assert lab.cli("approve", "side", "0").returncode == 0
+    assert lab.cli("run", "side").returncode == 0
+    assert lab.cli("verify", "side").returncode == 0
+    _created(lab)
+    return None, 0
+
+
+def _blob(lab: Lab) -> tuple[Snapshot | None, int]:
+    """Every output goes to the blob store (threshold 0): killed once step 0's
+    blob is stored and before the commit that refers to it. The resumed run
+    (default threshold) stores it in the row; the blob is left for gc."""
+    _created(lab)
+    result = lab.cli("run", TASK, AGENT_CRASH_AT="blob_before_reference:0",
+                     NINELIVES_BLOB_THRESHOLD="0")  # fmt: skip
+    assert result.returncode == -9, f"blob_before_reference was not reached: {result}"
+    before = lab.snapshot(TASK)
+    assert before.steps_with("running") == {0}
+    return before, 1
+
+
+def _gc(lab: Lab) -> tuple[Snapshot | None, int]:
+    """A gc killed inside its batch: the finished task, its steps and its
+    journal are all still there, and a run of it finds it done."""
+    _created(lab)
+    assert lab.cli("run", TASK).returncode == 0
+    before = lab.snapshot(TASK)
+    _killed(lab, "gc", "--older-than", "0s", at="gc_before_commit")
+    assert lab.snapshot(TASK) == before  # the batch's deletes were rolled back whole
+    return before, 1
+
+
 SCENARIOS: dict[str, Scenario] = {
+    "blob_before_reference": _blob,
+    "probe_answered": _probe_point("probe_answered"),
+    "settle_before_commit": _probe_point("settle_before_commit"),
+    "decision_before_commit": _decision,
     "before_effect": _at_step("before_effect"),
     "after_effect": _at_step("after_effect"),
     "after_commit": _at_step("after_commit"),
@@ -189,8 +286,12 @@ SCENARIOS: dict[str, Scenario] = {
     "recovery_before_commit": _recovery,
     "after_recovery": _after_recovery,
     "migration_before_commit": _migration,
+    # After the first statement of the newest migration (more in tests/upgrade).
+    "migration_statement": lambda lab: _migration(lab, f"migration_statement:{LATEST}"),
     "error_before_commit": _error,
     "before_task_done": _task_done,
+    "checkpoint_before_commit": _checkpoint,
+    "gc_before_commit": _gc,
 }
 
 

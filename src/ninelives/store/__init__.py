@@ -20,19 +20,35 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from ..errors import InputError, TaskExists, UnknownTask
-from ..models import Event, Run, Task
+from ..errors import InputError, StoreError, TaskExists, UnknownTask
+from ..models import Event, EventKind, Run, Step, StepStatus, Task, TaskStatus
 
 if TYPE_CHECKING:
+    from ..blobs import Blobs
     from ..plan import Plan
+
+
+class StepNotDue(StoreError):
+    """:meth:`Store.start_step` of a step still waiting out its backoff: ``wait``
+    seconds remain (on the store's clock). Nothing was written."""
+
+    def __init__(self, task_id: str, idx: int, wait: float) -> None:
+        super().__init__(f"task {task_id!r} step {idx} is not due for {wait:.3f}s (backoff)")
+        self.wait = wait
 
 
 class Store(Protocol):
     """What the runtime needs from a database. SQLite and PostgreSQL implement it."""
 
     url: str
+
+    @property
+    def blobs(self) -> Blobs:
+        """Where outputs over the blob threshold are kept (:mod:`ninelives.blobs`):
+        files beside a SQLite database, tables in a PostgreSQL one."""
+        ...
 
     def create_task(
         self, task_id: str, plan: Plan, *, queue: str | None = None, artifacts: str | None = None
@@ -63,6 +79,8 @@ class Store(Protocol):
         start_first: bool = False,
         check: Callable[[Task], None] | None = None,
         max_recoveries: int | None = None,
+        tool_version: Callable[[str], str | None] | None = None,
+        on_unknown: Callable[[Step], str] | None = None,
     ) -> tuple[Run, Task]:
         """Take the task for this runner, recover it, and journal ``run_started``.
 
@@ -87,6 +105,19 @@ class Store(Protocol):
         transaction marks it and the task ``failed`` with ``task_failed``
         (reason from :func:`recovery_limit_reason`). The count is read only
         when there is a step to recover.
+
+        A cancelled task raises :class:`~ninelives.errors.TaskCancelled` and a task
+        whose stored plan no longer matches its SHA-256
+        :class:`~ninelives.errors.PlanTampered`, both before anything is written.
+        ``tool_version(name)`` gives the version a tool declares, for the
+        ``step_started`` that ``start_first`` journals.
+        ``on_unknown(step)`` names the mode of each step found ``running``
+        (``rerun`` when not given; see :func:`recover_unknown`): ``rerun``
+        recovers it as above; ``refuse`` parks it in the same transaction
+        (step and task ``blocked``, ``step_recovered`` then ``step_blocked``);
+        ``probe`` leaves it ``running``, journaling nothing for it, for the
+        runner to ask the probe and commit the answer (:meth:`settle_step`);
+        then the claim starts no step.
         """
         ...
 
@@ -98,9 +129,11 @@ class Store(Protocol):
         skip: Sequence[str] = (),
         check: Callable[[Task], None] | None = None,
         max_recoveries: int | None = None,
+        on_unknown: Callable[[Step], str] | None = None,
     ) -> tuple[Run, Task] | None:
         """Claim the oldest unfinished task of ``queue`` that no live runner holds,
-        as :meth:`begin_run` does (recovery, ``check`` and ``max_recoveries`` included).
+        as :meth:`begin_run` does (recovery, ``check``, ``max_recoveries`` and
+        ``on_unknown`` included). Blocked and waiting tasks are never claimed.
 
         Returns None at once when there is none; never waits for a held task.
         Ids in ``skip`` are passed over. A task that ``check`` refuses or that
@@ -126,9 +159,23 @@ class Store(Protocol):
         leaving out the ids in ``skip``."""
         ...
 
-    def start_step(self, run: Run, idx: int, tool: str) -> int:
-        """Commit step ``idx`` ``running`` with attempts + 1 and ``step_started``;
-        return the attempt number. Fenced."""
+    def start_step(self, run: Run, idx: int, tool: str, *, tool_version: str | None = None) -> int:
+        """Commit step ``idx`` ``running`` with attempts + 1 and ``step_started``
+        (with the ninelives version and ``tool_version``); return the attempt
+        number. Fenced; a cancelled task raises
+        :class:`~ninelives.errors.TaskCancelled` instead, having written nothing.
+
+        Every fenced method tells the two refusals apart the same way: a task
+        cancelled under this runner's epoch is TaskCancelled (a cancel never
+        moves the epoch), anything else LeaseLost. ``finish_step`` and
+        ``record_error`` still commit what the runner owes after a cancel (the
+        step's output, or its ``step_error`` and ``pending``), and nothing else,
+        before raising TaskCancelled; the task stays ``cancelled``.
+
+        A step whose ``not_before`` (its backoff) is still ahead raises
+        :class:`StepNotDue`, nothing written; the start clears ``not_before``.
+        (The claim of ``begin_run(start_first=True)`` likewise leaves such a step
+        pending.)"""
         ...
 
     def finish_step(
@@ -144,6 +191,10 @@ class Store(Protocol):
     ) -> None:
         """Commit step ``idx`` ``done`` with ``output`` (JSON text) and ``step_finished``.
 
+        ``output`` may be a blob reference (:mod:`ninelives.blobs`), whose blob
+        the caller has stored durably first; ``step_finished`` then carries it
+        as ``blob``. Reads of the step give the blob's content, checked.
+
         With ``last``, the same transaction marks the task ``done`` and journals
         ``task_done``. ``append`` adds steps ``(tool, input JSON)`` as
         ``idx + 1, idx + 2, ...``, each ``pending`` with a ``step_appended``
@@ -154,10 +205,36 @@ class Store(Protocol):
         """
         ...
 
-    def record_error(self, run: Run, idx: int, error: str, max_attempts: int) -> bool:
+    def record_error(
+        self,
+        run: Run,
+        idx: int,
+        error: str,
+        max_attempts: int,
+        *,
+        delay: float | None = None,
+        permanent: bool = False,
+        detail: dict[str, Any] | None = None,
+    ) -> bool:
         """Journal ``step_error`` and put the step back to ``pending``; if it has
-        used ``max_attempts``, mark step and task ``failed`` with ``task_failed``
-        in the same transaction and return True. Fenced."""
+        used ``max_attempts`` or ``permanent``, mark step and task ``failed`` with
+        ``task_failed`` (``reason``, ``why``) in the same transaction and return
+        True. Fenced.
+
+        With ``delay`` (seconds) the step is not started again before
+        ``now + delay`` on the store's clock (``steps.not_before``, committed in
+        the same transaction). The ``step_error`` data holds ``error``,
+        ``attempt``, the entries of ``detail``, then the decision: ``final`` and
+        ``why`` (``attempt_limit``, ``permanent``), or ``retry_at`` and ``delay``
+        (see :func:`ninelives.policy.error_data`).
+        """
+        ...
+
+    def checkpoint(self, run: Run, idx: int, progress: str) -> None:
+        """Commit ``progress`` (JSON text) as running step ``idx``'s progress with a
+        ``step_progress`` event (data ``progress``) in one transaction. Fenced: a
+        runner that lost the task raises :class:`~ninelives.errors.LeaseLost`,
+        writing nothing; a step not ``running`` is a :class:`StoreError`."""
         ...
 
     def finish_task(self, run: Run) -> None:
@@ -181,13 +258,142 @@ class Store(Protocol):
         """
         ...
 
+    def cancel_task(
+        self, task_id: str, run_id: str, *, reason: str | None = None
+    ) -> tuple[Task, bool]:
+        """Mark the task ``cancelled`` with ``task_cancelled`` (data: ``reason`` and
+        the ``status`` it had) in one transaction; return it and True.
+
+        Does not wait for nor move the lease: a runner holding the task stops at
+        its next commit (see :meth:`start_step`). A task already cancelled is
+        returned unchanged with False (idempotent); a ``done`` task is an
+        :class:`InputError` and :class:`UnknownTask` if absent, both changing nothing.
+        """
+        ...
+
+    def fork_task(
+        self,
+        source_id: str,
+        new_id: str,
+        start: int,
+        run_id: str,
+        *,
+        queue: str | None = None,
+        artifacts: str | None = None,
+    ) -> Task:
+        """Store a new task ``new_id`` whose plan is ``source_id``'s, its steps
+        before ``start`` copied ``done`` with their outputs (no attempt of its
+        own), the rest ``pending`` (see :func:`ninelives.lineage.fork_steps`),
+        journaling ``task_created`` and ``task_forked`` (data: ``source``,
+        ``from``) in one transaction. The source, read in one snapshot, is not
+        changed. The fork keeps the source's artifacts folder (``artifacts``
+        when it recorded none) and goes to ``queue`` if given.
+
+        Raises :class:`UnknownTask` (no source), :class:`TaskExists` (``new_id``
+        taken, in any case), :class:`InputError` (``start`` is not a step of the
+        source or a step before it is not done) and
+        :class:`~ninelives.errors.PlanTampered`, each changing nothing.
+        """
+        ...
+
+    def park_step(self, run: Run, idx: int, status: StepStatus, data: dict[str, Any]) -> None:
+        """Park step ``idx`` (``pending`` or ``running``) and its task as ``status``
+        (``blocked`` or ``waiting``), journaling ``step_blocked`` or ``step_waiting``
+        with ``data``, in one transaction. :class:`StoreError` (nothing written)
+        if the step is neither pending nor running. Fenced."""
+        ...
+
+    def settle_step(
+        self, run: Run, idx: int, *, output: str | None = None, block: str | None = None
+    ) -> None:
+        """Commit a probe's answer for step ``idx``, left ``running`` by the claim:
+        journal its ``step_recovered`` (``on_unknown: probe``), then with ``output``
+        (JSON text) the step is ``done`` with it and ``step_reconciled``; with
+        ``block`` (a reason) step and task are ``blocked`` with ``step_blocked``;
+        with neither the step is ``pending`` to run again. One transaction;
+        :class:`StoreError` if the step is not running. Fenced."""
+        ...
+
+    def decide_step(self, task_id: str, run_id: str, idx: int, decision: Decision) -> Task:
+        """A person's decision on a parked step (``resolve``, ``approve``), in one
+        transaction: the task and step must be ``decision.expect`` (else
+        :class:`InputError`, nothing changed); the step becomes
+        ``decision.status`` with ``decision.output``, ``decision.kind`` is
+        journaled with ``decision.data``, and the task becomes ``pending`` (or
+        ``failed`` with ``task_failed`` and ``decision.reason`` when the step
+        fails). Takes the task as :meth:`retry_task` does (``TaskBusy`` at once
+        while a live runner holds it) and increments the lease epoch, so no
+        earlier runner can commit to it afterwards. :class:`UnknownTask` if absent."""
+        ...
+
     def events(self, task_id: str) -> list[Event]:
         """The task's journal in ``seq`` order (empty for an unknown task)."""
+        ...
+
+    def blob_rows(self) -> list[tuple[str, int, str]]:
+        """``(task_id, idx, output text)`` of every step output that is, or holds,
+        a blob reference, as stored (unresolved): for :mod:`ninelives.blobs`' gc
+        and checks."""
         ...
 
     def close(self) -> None:
         """Release every resource; idempotent."""
         ...
+
+
+class Decision(NamedTuple):
+    """What :meth:`Store.decide_step` commits for a person (see :mod:`ninelives.parking`)."""
+
+    #: The status the task and step must have: ``blocked`` or ``waiting``.
+    expect: StepStatus
+    #: The step's new status: ``done``, ``pending`` (run it again) or ``failed``.
+    status: StepStatus
+    #: ``step_resolved``, ``step_approved`` or ``step_rejected``.
+    kind: EventKind
+    data: dict[str, Any]
+    #: The step's output (JSON text) when it becomes done.
+    output: str | None = None
+    #: The ``task_failed`` reason when the step fails.
+    reason: str | None = None
+
+
+def decision_target(task: Task, idx: int, decision: Decision) -> TaskStatus:
+    """The task's status after ``decision`` on step ``idx``, or :class:`InputError`
+    when the task and step are not parked as the decision expects."""
+    steps = {s.idx: s for s in task.steps}
+    step = steps.get(idx)
+    want = decision.expect.value
+    if task.status.value != want or step is None or step.status is not decision.expect:
+        found = "no such step" if step is None else f"step {idx} is {step.status.value}"
+        raise InputError(
+            f"task {task.id!r} is {task.status.value} ({found}): only a {want} step of a "
+            f"{want} task can be decided this way"
+        )
+    return TaskStatus.FAILED if decision.status is StepStatus.FAILED else TaskStatus.PENDING
+
+
+#: The event that parks a step as each status.
+PARK_EVENT = {
+    StepStatus.BLOCKED: EventKind.STEP_BLOCKED,
+    StepStatus.WAITING: EventKind.STEP_WAITING,
+}
+
+#: The reason a step of on_unknown ``refuse`` is parked (``step_blocked`` data).
+REFUSE_REASON = (
+    "found running after its process died: whether its effect happened is unknown, "
+    "and its tool runs it at most once (on_unknown refuse)"
+)
+
+
+def recover_unknown(
+    task: Task, recovered: Sequence[int], on_unknown: Callable[[Step], str] | None
+) -> dict[int, str]:
+    """The ``on_unknown`` mode of each step found ``running`` at a claim (``rerun``
+    when the runner gave no ``on_unknown``): what the claim does with it."""
+    if on_unknown is None:
+        return dict.fromkeys(recovered, "rerun")
+    steps = {s.idx: s for s in task.steps}
+    return {idx: on_unknown(steps[idx]) for idx in recovered}
 
 
 def retry_target(task: Task, step: int | None) -> int:
@@ -230,7 +436,19 @@ class MissingStore:
     def retry_task(self, task_id: str, run_id: str, *, step: int | None = None) -> Task:
         raise self._unknown(task_id)
 
+    def cancel_task(self, task_id: str, run_id: str, **options: object) -> tuple[Task, bool]:
+        raise self._unknown(task_id)
+
+    def fork_task(self, source_id: str, *args: object, **options: object) -> Task:
+        raise self._unknown(source_id)
+
+    def decide_step(self, task_id: str, run_id: str, idx: int, decision: Decision) -> Task:
+        raise self._unknown(task_id)
+
     def events(self, task_id: str) -> list[Event]:
+        return []
+
+    def blob_rows(self) -> list[tuple[str, int, str]]:
         return []
 
     def close(self) -> None:
@@ -248,6 +466,17 @@ def task_exists(task_id: str, stored: str) -> TaskExists:
     return TaskExists(
         f"task {task_id!r} already exists as {stored!r} (task ids are unique regardless of case)"
     )
+
+
+def finished_data(tool: str, output: str) -> dict[str, Any]:
+    """The data of a ``step_finished`` event: the tool, and the reference when the
+    output is stored as a blob (so that ``export`` shows it)."""
+    from ..blobs import row_ref
+
+    ref = row_ref(output)
+    if ref is None:
+        return {"tool": tool}
+    return {"tool": tool, "blob": {"sha256": ref.sha256, "size": ref.size}}
 
 
 def recovery_limit_reason(idx: int, count: int, limit: int | None) -> str:

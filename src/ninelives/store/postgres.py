@@ -27,36 +27,45 @@ since a session advisory lock marks a live lease holder.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
 
-from .. import crashpoints
+from .. import crashpoints, lineage
+from ..blobs import resolve_task
 from ..errors import LeaseLost, StoreError, TaskBusy, TaskExists, UnknownTask
 from ..journal import dumps
-from ..models import Event, EventKind, Run, Step, Task, TaskStatus
+from ..models import APPROVAL_TOOL, Event, EventKind, Run, Step, StepStatus, Task, TaskStatus
 from ..plan import Plan
+from ..policy import error_data, failure_reason
 from . import (
     DEFAULT_LEASE,
+    Decision,
+    StepNotDue,
     fencing_disabled,
+    finished_data,
     heartbeat_disabled,
+    postgres_parking,
     recovery_limit_reason,
     retry_target,
     task_exists,
 )
 from .conninfo import Redactor, redact_url
+from .postgres_blobs import TableBlobs
+from .postgres_housekeeping import PostgresHousekeeping
 from .postgres_session import (
     LOCK_TIMEOUT_MS,
     Conn,
     Q,
-    Session,
     _Heartbeat,
     _Lease,
     _scalar,
@@ -68,7 +77,7 @@ def redact(url: str) -> str:
     return redact_url(url)
 
 
-class PostgresStore(Session):
+class PostgresStore(PostgresHousekeeping):
     """A :class:`~ninelives.store.Store` on one PostgreSQL database.
 
     One runner thread per store (plus its heartbeat thread); a worker with
@@ -113,6 +122,8 @@ class PostgresStore(Session):
         self._conn: Conn | None = None
         self._pipe: psycopg.Pipeline | None = None
         self._checks: list[Callable[[], None]] = []
+        #: Large outputs, in the blobs tables (:mod:`ninelives.blobs`).
+        self.blobs = TableBlobs(self)
         self._conn = self._connect()
         try:
             self._configure()
@@ -193,10 +204,14 @@ class PostgresStore(Session):
                 taken = conn.execute(Q["task_id_taken"], {"id": task_id}).fetchone()
                 if taken is not None:
                     raise task_exists(task_id, taken[0])
+                digest = lineage.plan_digest(
+                    plan.goal, ((s.tool, s.input, s.policy) for s in plan.steps)
+                )
                 conn.execute(
                     Q["insert_task"],
-                    {"id": task_id, "goal": plan.goal, "queue": queue, "artifacts": artifacts},
-                )
+                    {"id": task_id, "goal": plan.goal, "queue": queue, "artifacts": artifacts,
+                     "plan_sha256": digest},
+                )  # fmt: skip
                 with conn.cursor() as cur:
                     cur.executemany(
                         Q["insert_step"],
@@ -230,7 +245,8 @@ class PostgresStore(Session):
         if row is None:
             raise UnknownTask(f"unknown task {task_id!r}")
         steps = conn.execute(Q["get_steps"], {"id": task_id})
-        return Task.from_row(row, tuple(Step.from_row(task_id, r) for r in steps))
+        task = Task.from_row(row, tuple(Step.from_row(task_id, r) for r in steps))
+        return resolve_task(task, self.blobs.on(conn))
 
     def task_ids(self) -> list[str]:
         if self._empty:
@@ -246,6 +262,8 @@ class PostgresStore(Session):
         start_first: bool = False,
         check: Callable[[Task], None] | None = None,
         max_recoveries: int | None = None,
+        tool_version: Callable[[str], str | None] | None = None,
+        on_unknown: Callable[[Step], str] | None = None,
     ) -> tuple[Run, Task]:
         sent = time.monotonic()
         claimed: int | None = None
@@ -256,15 +274,28 @@ class PostgresStore(Session):
                 if row is None:
                     raise UnknownTask(f"unknown task {task_id!r}")
                 held, live = row
+                found = self._load(conn, task_id)  # raising here writes nothing
+                if found.status is TaskStatus.CANCELLED:
+                    raise lineage.cancelled(task_id)
+                lineage.check_plan(found)
                 if live:
                     self._take_over_early(conn, task_id, held)
                 if check is not None:
-                    check(self._load(conn, task_id))  # raising here writes nothing
+                    check(found)
                 owner = f"{self._owner}/{run_id}"
                 params = {"id": task_id, "owner": owner, "lease": self.lease}
                 epoch = int(_scalar(conn, Q["claim"], params))
                 claimed = epoch
-                run, task = self._recover(conn, task_id, run_id, epoch, start_first, max_recoveries)
+                run, task = self._recover(
+                    conn,
+                    task_id,
+                    run_id,
+                    epoch,
+                    start_first,
+                    max_recoveries,
+                    tool_version,
+                    on_unknown,
+                )
         except BaseException:
             if claimed is not None:
                 self._unlock_quietly(task_id, claimed)
@@ -300,6 +331,7 @@ class PostgresStore(Session):
         skip: Sequence[str] = (),
         check: Callable[[Task], None] | None = None,
         max_recoveries: int | None = None,
+        on_unknown: Callable[[Step], str] | None = None,
     ) -> tuple[Run, Task] | None:
         sent = time.monotonic()
         claimed: tuple[str, int] | None = None
@@ -316,9 +348,12 @@ class PostgresStore(Session):
                 # The claim UPDATE is rolled back with the rest if the task is
                 # damaged or refused: nothing is written.
                 found = self._load(conn, row[0])
+                lineage.check_plan(found)
                 if check is not None:
                     check(found)
-                run, task = self._recover(conn, row[0], run_id, row[1], False, max_recoveries)
+                run, task = self._recover(
+                    conn, row[0], run_id, row[1], False, max_recoveries, None, on_unknown
+                )
         except BaseException:
             if claimed is not None:
                 self._unlock_quietly(*claimed)
@@ -334,13 +369,16 @@ class PostgresStore(Session):
         epoch: int,
         start_first: bool = False,
         max_recoveries: int | None = None,
+        tool_version: Callable[[str], str | None] | None = None,
+        on_unknown: Callable[[Step], str] | None = None,
     ) -> tuple[Run, Task]:
         conn.execute(Q["holder_lock"], {"id": task_id, "epoch": epoch})
         recovered = [r[0] for r in conn.execute(Q["running_steps"], {"id": task_id})]
-        if recovered:
-            conn.execute(Q["recover_steps"], {"id": task_id})
+        rerun, probing = postgres_parking.recover(
+            self, conn, task_id, run_id, recovered, on_unknown
+        )
         worn_out: tuple[int, int] | None = None
-        for idx in recovered:
+        for idx in rerun:
             if max_recoveries is not None and worn_out is None:
                 count = int(_scalar(conn, Q["recoveries"], {"id": task_id, "idx": idx})) + 1
                 if count > max_recoveries:
@@ -353,7 +391,12 @@ class PostgresStore(Session):
             conn.execute(Q["fail_task"], {"id": task_id})
             reason = recovery_limit_reason(idx, count, max_recoveries)
             self._event(conn, task_id, run_id, EventKind.TASK_FAILED, idx, {"reason": reason})
-        started = self._start_first(conn, task_id, run_id) if start_first else None
+        # Steps run in order: a step left running for its probe comes first.
+        started = (
+            self._start_first(conn, task_id, run_id, tool_version)
+            if start_first and not probing
+            else None
+        )
         crashpoints.crash("recovery_before_commit")
         task = self._load(conn, task_id)
         run = Run(
@@ -362,15 +405,24 @@ class PostgresStore(Session):
         )  # fmt: skip
         return run, task
 
-    def _start_first(self, conn: Conn, task_id: str, run_id: str) -> tuple[int, int] | None:
+    def _start_first(
+        self,
+        conn: Conn,
+        task_id: str,
+        run_id: str,
+        tool_version: Callable[[str], str | None] | None = None,
+    ) -> tuple[int, int] | None:
         row = self._fetch(conn.execute(Q["first_pending"], {"id": task_id}))
-        if row is None:
+        if row is None or row[1] == APPROVAL_TOOL:  # an approval parks, never runs
             return None
         idx, tool = row
-        attempt = int(self._fetch(conn.execute(Q["step_running"], {"id": task_id, "idx": idx}))[0])
-        self._event(
-            conn, task_id, run_id, EventKind.STEP_STARTED, idx, {"tool": tool, "attempt": attempt}
-        )
+        started = self._fetch(conn.execute(Q["step_running"], {"id": task_id, "idx": idx}))
+        if started is None:
+            return None  # waiting out its backoff: the runner waits, then starts it
+        attempt = int(started[0])
+        version = tool_version(tool) if tool_version is not None else None
+        data = lineage.started_data(tool, attempt, version)
+        self._event(conn, task_id, run_id, EventKind.STEP_STARTED, idx, data)
         return idx, attempt
 
     def check_lease(self, run: Run) -> None:
@@ -391,20 +443,29 @@ class PostgresStore(Session):
         if lease.lost:
             raise self._lost(run)
 
-    def start_step(self, run: Run, idx: int, tool: str) -> int:
+    def start_step(self, run: Run, idx: int, tool: str, *, tool_version: str | None = None) -> int:
         sent = time.monotonic()
-        with self._write() as conn:
+        with self._cancel_aware(run), self._write() as conn:
             self._fence(conn, run, TaskStatus.RUNNING)
-            row = self._fetch(conn.execute(Q["step_running"], {"id": run.task_id, "idx": idx}))
+            params = {"id": run.task_id, "idx": idx}
+            row = self._fetch(conn.execute(Q["step_running"], params))
             if row is None:
+                left = self._fetch(conn.execute(Q["step_due_in"], params))
+                if left is not None and left[0] > 0:
+                    raise StepNotDue(run.task_id, idx, float(left[0]))
                 raise StoreError(f"task {run.task_id!r} step {idx} is not pending")
             attempt = int(row[0])
             self._event(
                 conn, run.task_id, run.run_id, EventKind.STEP_STARTED, idx,
-                {"tool": tool, "attempt": attempt},
+                lineage.started_data(tool, attempt, tool_version),
             )  # fmt: skip
         self._after_commit(run, sent)
         return attempt
+
+    def _cancel_aware(self, run: Run, *settle: Any) -> AbstractContextManager[None]:
+        from . import postgres_lineage
+
+        return postgres_lineage.cancel_aware(self, run, *settle)
 
     def finish_step(
         self,
@@ -419,16 +480,18 @@ class PostgresStore(Session):
     ) -> None:
         sent = time.monotonic()
         status = TaskStatus.FAILED if fail else TaskStatus.DONE if last else TaskStatus.RUNNING
+        owed = ("finish", idx, tool, output)
         try:
-            with self._write() as conn:
+            with self._cancel_aware(run, *owed), self._write() as conn:
                 self._fence(conn, run, status)
                 cur = conn.execute(
                     Q["step_done"], {"id": run.task_id, "idx": idx, "output": output}
                 )
                 self._expect_one(cur, f"task {run.task_id!r} step {idx} is not running")
                 self._event(
-                    conn, run.task_id, run.run_id, EventKind.STEP_FINISHED, idx, {"tool": tool}
-                )
+                    conn, run.task_id, run.run_id, EventKind.STEP_FINISHED, idx,
+                    finished_data(tool, output),
+                )  # fmt: skip
                 for new_idx, (new_tool, new_input) in enumerate(append, start=idx + 1):
                     conn.execute(
                         Q["insert_step"],
@@ -444,6 +507,10 @@ class PostgresStore(Session):
                         conn, run.task_id, run.run_id, EventKind.STEP_APPENDED, new_idx,
                         {"tool": new_tool, "by": idx},
                     )  # fmt: skip
+                if append:
+                    from .postgres_lineage import extend_plan
+
+                    extend_plan(self, conn, run.task_id, idx + 1, append)
                 if fail:
                     self._event(
                         conn, run.task_id, run.run_id, EventKind.TASK_FAILED, None, {"reason": fail}
@@ -457,31 +524,63 @@ class PostgresStore(Session):
             ) from exc
         self._after_commit(run, sent)
 
-    def record_error(self, run: Run, idx: int, error: str, max_attempts: int) -> bool:
+    def record_error(
+        self,
+        run: Run,
+        idx: int,
+        error: str,
+        max_attempts: int,
+        *,
+        delay: float | None = None,
+        permanent: bool = False,
+        detail: dict[str, Any] | None = None,
+    ) -> bool:
         sent = time.monotonic()
-        with self._write() as conn:
+        with self._cancel_aware(run, "error", idx, error), self._write() as conn:
             self._fence(conn, run, TaskStatus.RUNNING)
             row = self._fetch(
-                conn.execute(Q["step_back"], {"id": run.task_id, "idx": idx, "status": "pending"})
+                conn.execute(
+                    Q["step_back"],
+                    {"id": run.task_id, "idx": idx, "status": "pending", "delay": delay or None},
+                )
             )
             if row is None:
                 raise StoreError(f"task {run.task_id!r} step {idx} is not running")
-            self._event(conn, run.task_id, run.run_id, EventKind.STEP_ERROR, idx, {"error": error})
-            failed = bool(row[0] >= max_attempts)
+            attempts, retry_at = int(row[0]), row[1]
+            failed = permanent or attempts >= max_attempts
+            why = ("permanent" if permanent else "attempt_limit") if failed else None
+            data = error_data(error, attempts, detail, why=why, retry_at=retry_at, delay=delay)
+            self._event(conn, run.task_id, run.run_id, EventKind.STEP_ERROR, idx, data)
             if failed:
                 conn.execute(Q["step_failed"], {"id": run.task_id, "idx": idx})
                 self._fence(conn, run, TaskStatus.FAILED)
-                reason = f"step {idx} failed {row[0]} times; last error: {error}"
+                reason = failure_reason(idx, attempts, error, permanent=permanent)
                 self._event(
-                    conn, run.task_id, run.run_id, EventKind.TASK_FAILED, idx, {"reason": reason}
-                )
+                    conn, run.task_id, run.run_id, EventKind.TASK_FAILED, idx,
+                    {"reason": reason, "why": why},
+                )  # fmt: skip
             crashpoints.crash("error_before_commit", idx)
         self._after_commit(run, sent)
         return failed
 
+    def checkpoint(self, run: Run, idx: int, progress: str) -> None:
+        sent = time.monotonic()
+        with self._cancel_aware(run), self._write() as conn:
+            self._fence(conn, run, TaskStatus.RUNNING)
+            cur = conn.execute(
+                Q["step_progress"], {"id": run.task_id, "idx": idx, "progress": progress}
+            )
+            self._expect_one(cur, f"task {run.task_id!r} step {idx} is not running")
+            self._event(
+                conn, run.task_id, run.run_id, EventKind.STEP_PROGRESS, idx,
+                {"progress": json.loads(progress)},
+            )  # fmt: skip
+            crashpoints.crash("checkpoint_before_commit", idx)
+        self._after_commit(run, sent)
+
     def finish_task(self, run: Run) -> None:
         sent = time.monotonic()
-        with self._write() as conn:
+        with self._cancel_aware(run), self._write() as conn:
             self._fence(conn, run, TaskStatus.DONE)
             self._event(conn, run.task_id, run.run_id, EventKind.TASK_DONE)
         self._after_commit(run, sent)
@@ -525,12 +624,56 @@ class PostgresStore(Session):
             )  # fmt: skip
         return self.get_task(task_id)
 
+    def cancel_task(
+        self, task_id: str, run_id: str, *, reason: str | None = None
+    ) -> tuple[Task, bool]:
+        from .postgres_lineage import cancel_task
+
+        return cancel_task(self, task_id, run_id, reason)
+
+    def fork_task(
+        self,
+        source_id: str,
+        new_id: str,
+        start: int,
+        run_id: str,
+        *,
+        queue: str | None = None,
+        artifacts: str | None = None,
+    ) -> Task:
+        from .postgres_lineage import fork_task
+
+        try:
+            return fork_task(
+                self, source_id, new_id, start, run_id, queue=queue, artifacts=artifacts
+            )
+        except pg_errors.UniqueViolation as exc:
+            raise TaskExists(f"task {new_id!r} already exists") from exc
+
+    def park_step(self, run: Run, idx: int, status: StepStatus, data: dict[str, Any]) -> None:
+        postgres_parking.park_step(self, run, idx, status, data)
+
+    def settle_step(
+        self, run: Run, idx: int, *, output: str | None = None, block: str | None = None
+    ) -> None:
+        postgres_parking.settle_step(self, run, idx, output=output, block=block)
+
+    def decide_step(self, task_id: str, run_id: str, idx: int, decision: Decision) -> Task:
+        return postgres_parking.decide_step(self, task_id, run_id, idx, decision)
+
     def events(self, task_id: str) -> list[Event]:
         if self._empty:
             return []
         with self._read() as conn:
             rows = conn.execute(Q["events"], {"id": task_id}).fetchall()
         return [Event.from_row(row) for row in rows]
+
+    def blob_rows(self) -> list[tuple[str, int, str]]:
+        """``(task_id, idx, output)`` of every output that is, or holds, a blob reference."""
+        if self._empty:
+            return []
+        with self._read() as conn:
+            return [(str(r[0]), int(r[1]), str(r[2])) for r in conn.execute(Q["blob_rows"])]
 
     def close(self) -> None:
         for lease in list(self._leases.values()):

@@ -332,6 +332,12 @@ class Session:
                 if number > version:
                     for statement in sql.statements(path):
                         conn.execute(statement)  # DDL without parameters: sent as is
+                        # Executed by the server before the next is sent (a round
+                        # trip per statement, once per migration), so a death here
+                        # is a death mid-migration, which the server rolls back.
+                        assert self._pipe is not None
+                        self._pipe.sync()
+                        crashpoints.crash("migration_statement", number)
                     conn.execute(Q["schema_applied"], {"version": number, "name": name})
             crashpoints.crash("migration_before_commit")
 

@@ -10,14 +10,16 @@ lease epoch fences a runner whose lock file was replaced under it.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from .. import crashpoints
+from .. import crashpoints, lineage
+from ..blobs import FolderBlobs, folder_for, resolve_task
 from ..errors import (
     CommitUnknown,
     InputError,
@@ -28,9 +30,20 @@ from ..errors import (
     UnknownTask,
 )
 from ..journal import dumps
-from ..locking import TaskLock, lock_path
-from ..models import Event, EventKind, Run, Step, Task, TaskStatus
-from . import fencing_disabled, recovery_limit_reason, retry_target, sql, task_exists
+from ..locking import TaskLock, lock_folder, lock_path
+from ..models import APPROVAL_TOOL, Event, EventKind, Run, Step, StepStatus, Task, TaskStatus
+from ..policy import error_data, failure_reason
+from . import (
+    Decision,
+    StepNotDue,
+    fencing_disabled,
+    finished_data,
+    recovery_limit_reason,
+    retry_target,
+    sql,
+    sqlite_parking,
+    task_exists,
+)
 from .sqlite_files import (
     CONTRACT_TABLES,
     check_file,
@@ -41,11 +54,13 @@ from .sqlite_files import (
     quick_check_findings,
     resolve,
 )
+from .sqlite_housekeeping import SQLiteHousekeepingWrites
 
 if TYPE_CHECKING:
     from ..plan import Plan
 
 Q = sql.load_queries("sqlite")
+T = TypeVar("T")
 BUSY_TIMEOUT = 60.0
 #: Candidate tasks a worker reads at a time while looking for one it can lock.
 CLAIM_PAGE = 64
@@ -66,7 +81,7 @@ def _describe(exc: sqlite3.Error) -> str:
     return str(exc) or type(exc).__name__
 
 
-class SQLiteStore:
+class SQLiteStore(SQLiteHousekeepingWrites):
     """A :class:`~ninelives.store.Store` on one SQLite file. Not thread-safe."""
 
     dialect = "sqlite"
@@ -88,6 +103,10 @@ class SQLiteStore:
         # one lock folder; hard links, FIFOs and devices are refused here.
         self.path, st = resolve(path, create=True)
         self.url = path
+        #: Large outputs, as files in ``<real path>.blobs/`` (:mod:`ninelives.blobs`).
+        self.blobs = FolderBlobs(
+            folder_for(self.path), os.path.join(lock_folder(self.path), "blobs.lock")
+        )
         self._locks: dict[str, TaskLock] = {}
         self._folder_synced = False
         self._fencing = not fencing_disabled(path)
@@ -166,6 +185,7 @@ class SQLiteStore:
                 if number > version:
                     for statement in sql.statements(path):
                         conn.execute(statement)
+                        crashpoints.crash("migration_statement", number)
             crashpoints.crash("migration_before_commit")
             conn.execute(f"PRAGMA user_version = {int(steps[-1][0])}")
 
@@ -235,6 +255,10 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read database {self.url}: {_describe(exc)}") from exc
 
+    def _reading(self, read: Callable[[sqlite3.Connection], T]) -> T:
+        with self._read() as conn:
+            return read(conn)
+
     @staticmethod
     def _event(
         conn: sqlite3.Connection,
@@ -280,10 +304,13 @@ class SQLiteStore:
                 taken = conn.execute(Q["task_id_taken"], {"id": task_id}).fetchone()
                 if taken is not None:
                     raise task_exists(task_id, taken[0])
+                digest = lineage.plan_digest(
+                    plan.goal, ((s.tool, s.input, s.policy) for s in plan.steps)
+                )
                 conn.execute(
                     Q["insert_task"],
                     {"id": task_id, "goal": plan.goal, "now": now, "queue": queue,
-                     "artifacts": artifacts},
+                     "artifacts": artifacts, "plan_sha256": digest},
                 )  # fmt: skip
                 conn.executemany(
                     Q["insert_step"],
@@ -316,7 +343,8 @@ class SQLiteStore:
         if row is None:
             raise UnknownTask(f"unknown task {task_id!r}")
         steps = conn.execute(Q["get_steps"], {"id": task_id})
-        return Task.from_row(row, tuple(Step.from_row(task_id, r) for r in steps))
+        task = Task.from_row(row, tuple(Step.from_row(task_id, r) for r in steps))
+        return resolve_task(task, self.blobs)
 
     def task_ids(self) -> list[str]:
         with self._read() as conn:
@@ -330,18 +358,25 @@ class SQLiteStore:
         start_first: bool = False,
         check: Callable[[Task], None] | None = None,
         max_recoveries: int | None = None,
+        tool_version: Callable[[str], str | None] | None = None,
+        on_unknown: Callable[[Step], str] | None = None,
     ) -> tuple[Run, Task]:
-        # UnknownTask, DamagedTask and a refusal by ``check`` come before any
-        # lock file is made: a task that cannot run here leaves no trace.
+        # UnknownTask, DamagedTask, a cancel, an edited plan and a refusal by
+        # ``check`` come before any lock file is made: a task that cannot run
+        # here leaves no trace.
         with self._read() as conn:
             found = self._load(conn, task_id)
+        if found.status is TaskStatus.CANCELLED:
+            raise lineage.cancelled(task_id)
+        lineage.check_plan(found)
         if check is not None:
             check(found)
         lock = self._lock(task_id)
         try:
             claimed = self._claim(
                 task_id, run_id, queue=None, start_first=start_first,
-                max_recoveries=max_recoveries,
+                max_recoveries=max_recoveries, tool_version=tool_version,
+                on_unknown=on_unknown,
             )  # fmt: skip
         except BaseException:
             lock.release()
@@ -358,6 +393,7 @@ class SQLiteStore:
         skip: Sequence[str] = (),
         check: Callable[[Task], None] | None = None,
         max_recoveries: int | None = None,
+        on_unknown: Callable[[Step], str] | None = None,
     ) -> tuple[Run, Task] | None:
         # One host: the kernel lock is the claim, so a worker tries the oldest
         # unfinished tasks, a page at a time, until it gets one that no live
@@ -368,7 +404,7 @@ class SQLiteStore:
                 page = conn.execute(
                     Q["claim_candidates"],
                     {"queue": queue, "after_ts": after[0], "after_id": after[1],
-                     "page": CLAIM_PAGE},
+                     "page": CLAIM_PAGE, "now": time.time()},
                 ).fetchall()  # fmt: skip
             for task_id, created_at in page:
                 after = (created_at, task_id)
@@ -380,8 +416,9 @@ class SQLiteStore:
                     continue
                 try:
                     claimed = self._claim(
-                        task_id, run_id, queue=queue, check=check, max_recoveries=max_recoveries
-                    )
+                        task_id, run_id, queue=queue, check=check,
+                        max_recoveries=max_recoveries, on_unknown=on_unknown,
+                    )  # fmt: skip
                 except BaseException:
                     lock.release()
                     raise
@@ -420,6 +457,8 @@ class SQLiteStore:
         start_first: bool = False,
         check: Callable[[Task], None] | None = None,
         max_recoveries: int | None = None,
+        tool_version: Callable[[str], str | None] | None = None,
+        on_unknown: Callable[[Step], str] | None = None,
     ) -> tuple[Run, Task] | None:
         """Under the task's lock: a new epoch, recovery and ``run_started`` in one
         transaction. With ``queue``: None if the task can no longer be claimed.
@@ -432,14 +471,19 @@ class SQLiteStore:
                     TaskStatus.PENDING, TaskStatus.RUNNING
                 ):  # fmt: skip
                     return None
+                lineage.check_plan(found)
                 if check is not None:
                     check(found)
-            epoch = conn.execute(Q["claim"], {"id": task_id, "now": now}).fetchone()[0]
+            claim = conn.execute(Q["claim"], {"id": task_id, "now": now}).fetchone()
+            if claim is None:  # removed by gc since it was read
+                raise UnknownTask(f"unknown task {task_id!r}")
+            epoch = claim[0]
             recovered = [r[0] for r in conn.execute(Q["running_steps"], {"id": task_id})]
-            if recovered:
-                conn.execute(Q["recover_steps"], {"id": task_id})
+            rerun, probing = sqlite_parking.recover(
+                self, conn, task_id, run_id, recovered, on_unknown, now
+            )
             worn_out: tuple[int, int] | None = None
-            for idx in recovered:
+            for idx in rerun:
                 if max_recoveries is not None and worn_out is None:
                     times = conn.execute(Q["recoveries"], {"id": task_id, "idx": idx})
                     count = int(times.fetchone()[0]) + 1
@@ -452,7 +496,11 @@ class SQLiteStore:
             )  # fmt: skip
             if worn_out is not None:
                 self._fail_worn_out(conn, task_id, run_id, worn_out, max_recoveries, now)
-            started = self._start_first(conn, task_id, run_id, now) if start_first else None
+            started = (
+                self._start_first(conn, task_id, run_id, now, tool_version)
+                if start_first and not probing  # steps run in order: the probe comes first
+                else None
+            )
             crashpoints.crash("recovery_before_commit")
             task = self._load(conn, task_id)
         run = Run(
@@ -477,16 +525,26 @@ class SQLiteStore:
         self._event(conn, task_id, run_id, EventKind.TASK_FAILED, idx, data, now)
 
     def _start_first(
-        self, conn: sqlite3.Connection, task_id: str, run_id: str, now: float
+        self,
+        conn: sqlite3.Connection,
+        task_id: str,
+        run_id: str,
+        now: float,
+        tool_version: Callable[[str], str | None] | None = None,
     ) -> tuple[int, int] | None:
         row = conn.execute(Q["first_pending"], {"id": task_id}).fetchone()
-        if row is None:
+        if row is None or row[1] == APPROVAL_TOOL:  # an approval parks, never runs
             return None
         idx, tool = row
-        attempt = int(conn.execute(Q["step_running"], {"id": task_id, "idx": idx}).fetchone()[0])
+        params = {"id": task_id, "idx": idx, "now": now}
+        started = conn.execute(Q["step_running"], params).fetchone()
+        if started is None:
+            return None  # waiting out its backoff: the runner waits, then starts it
+        attempt = int(started[0])
+        version = tool_version(tool) if tool_version is not None else None
         self._event(
             conn, task_id, run_id, EventKind.STEP_STARTED, idx,
-            {"tool": tool, "attempt": attempt}, now,
+            lineage.started_data(tool, attempt, version), now,
         )  # fmt: skip
         return idx, attempt
 
@@ -519,19 +577,28 @@ class SQLiteStore:
             params = {"queue": queue, "skip": dumps(list(skip))}
             return int(conn.execute(Q["unfinished"], params).fetchone()[0])
 
-    def start_step(self, run: Run, idx: int, tool: str) -> int:
+    def start_step(self, run: Run, idx: int, tool: str, *, tool_version: str | None = None) -> int:
         now = time.time()
-        with self._write() as conn:
+        with self._cancel_aware(run), self._write() as conn:
             self._fence(conn, run, TaskStatus.RUNNING, now)
-            row = conn.execute(Q["step_running"], {"id": run.task_id, "idx": idx}).fetchone()
+            params = {"id": run.task_id, "idx": idx, "now": now}
+            row = conn.execute(Q["step_running"], params).fetchone()
             if row is None:
+                left = conn.execute(Q["step_due_in"], params).fetchone()
+                if left is not None and left[0] > 0:
+                    raise StepNotDue(run.task_id, idx, float(left[0]))
                 raise StoreError(f"task {run.task_id!r} step {idx} is not pending")
             attempt = int(row[0])
             self._event(
                 conn, run.task_id, run.run_id, EventKind.STEP_STARTED, idx,
-                {"tool": tool, "attempt": attempt}, now,
+                lineage.started_data(tool, attempt, tool_version), now,
             )  # fmt: skip
         return attempt
+
+    def _cancel_aware(self, run: Run, *settle: Any) -> AbstractContextManager[None]:
+        from . import sqlite_lineage
+
+        return sqlite_lineage.cancel_aware(self, run, *settle)
 
     def finish_step(
         self,
@@ -546,14 +613,15 @@ class SQLiteStore:
     ) -> None:
         now = time.time()
         status = TaskStatus.FAILED if fail else TaskStatus.DONE if last else TaskStatus.RUNNING
-        with self._write() as conn:
+        with self._cancel_aware(run, "finish", idx, tool, output), self._write() as conn:
             self._fence(conn, run, status, now)
             cur = conn.execute(Q["step_done"], {"id": run.task_id, "idx": idx, "output": output})
             if cur.rowcount != 1:
                 raise StoreError(f"task {run.task_id!r} step {idx} is not running")
             self._event(
-                conn, run.task_id, run.run_id, EventKind.STEP_FINISHED, idx, {"tool": tool}, now
-            )
+                conn, run.task_id, run.run_id, EventKind.STEP_FINISHED, idx,
+                finished_data(tool, output), now,
+            )  # fmt: skip
             for new_idx, (new_tool, new_input) in enumerate(append, start=idx + 1):
                 try:
                     conn.execute(
@@ -575,6 +643,10 @@ class SQLiteStore:
                     conn, run.task_id, run.run_id, EventKind.STEP_APPENDED, new_idx,
                     {"tool": new_tool, "by": idx}, now,
                 )  # fmt: skip
+            if append:
+                from .sqlite_lineage import extend_plan
+
+                extend_plan(conn, run.task_id, idx + 1, append)
             if fail:
                 self._event(
                     conn, run.task_id, run.run_id, EventKind.TASK_FAILED, None,
@@ -583,33 +655,61 @@ class SQLiteStore:
             elif last:
                 self._event(conn, run.task_id, run.run_id, EventKind.TASK_DONE, None, None, now)
 
-    def record_error(self, run: Run, idx: int, error: str, max_attempts: int) -> bool:
+    def record_error(
+        self,
+        run: Run,
+        idx: int,
+        error: str,
+        max_attempts: int,
+        *,
+        delay: float | None = None,
+        permanent: bool = False,
+        detail: dict[str, Any] | None = None,
+    ) -> bool:
         now = time.time()
-        with self._write() as conn:
+        with self._cancel_aware(run, "error", idx, error), self._write() as conn:
             self._fence(conn, run, TaskStatus.RUNNING, now)
             row = conn.execute(
-                Q["step_back"], {"id": run.task_id, "idx": idx, "status": "pending"}
-            ).fetchone()
+                Q["step_back"],
+                {"id": run.task_id, "idx": idx, "status": "pending", "now": now,
+                 "delay": delay or None},
+            ).fetchone()  # fmt: skip
             if row is None:
                 raise StoreError(f"task {run.task_id!r} step {idx} is not running")
-            self._event(
-                conn, run.task_id, run.run_id, EventKind.STEP_ERROR, idx, {"error": error}, now
-            )
-            if row[0] < max_attempts:
+            attempts, retry_at = int(row[0]), row[1]
+            failed = permanent or attempts >= max_attempts
+            why = ("permanent" if permanent else "attempt_limit") if failed else None
+            data = error_data(error, attempts, detail, why=why, retry_at=retry_at, delay=delay)
+            self._event(conn, run.task_id, run.run_id, EventKind.STEP_ERROR, idx, data, now)
+            if not failed:
                 crashpoints.crash("error_before_commit", idx)
                 return False
             conn.execute(Q["step_failed"], {"id": run.task_id, "idx": idx})
             self._fence(conn, run, TaskStatus.FAILED, now)
-            reason = f"step {idx} failed {row[0]} times; last error: {error}"
+            reason = failure_reason(idx, attempts, error, permanent=permanent)
             self._event(
-                conn, run.task_id, run.run_id, EventKind.TASK_FAILED, idx, {"reason": reason}, now
-            )
+                conn, run.task_id, run.run_id, EventKind.TASK_FAILED, idx,
+                {"reason": reason, "why": why}, now,
+            )  # fmt: skip
             crashpoints.crash("error_before_commit", idx)
             return True
 
+    def checkpoint(self, run: Run, idx: int, progress: str) -> None:
+        now = time.time()
+        with self._cancel_aware(run), self._write() as conn:
+            self._fence(conn, run, TaskStatus.RUNNING, now)
+            params = {"id": run.task_id, "idx": idx, "progress": progress}
+            if conn.execute(Q["step_progress"], params).rowcount != 1:
+                raise StoreError(f"task {run.task_id!r} step {idx} is not running")
+            self._event(
+                conn, run.task_id, run.run_id, EventKind.STEP_PROGRESS, idx,
+                {"progress": json.loads(progress)}, now,
+            )  # fmt: skip
+            crashpoints.crash("checkpoint_before_commit", idx)
+
     def finish_task(self, run: Run) -> None:
         now = time.time()
-        with self._write() as conn:
+        with self._cancel_aware(run), self._write() as conn:
             self._fence(conn, run, TaskStatus.DONE, now)
             self._event(conn, run.task_id, run.run_id, EventKind.TASK_DONE, None, None, now)
 
@@ -643,10 +743,53 @@ class SQLiteStore:
             lock.release()
         return self.get_task(task_id)
 
+    def cancel_task(
+        self, task_id: str, run_id: str, *, reason: str | None = None
+    ) -> tuple[Task, bool]:
+        from .sqlite_lineage import cancel_task
+
+        return cancel_task(self, task_id, run_id, reason)
+
+    def fork_task(
+        self,
+        source_id: str,
+        new_id: str,
+        start: int,
+        run_id: str,
+        *,
+        queue: str | None = None,
+        artifacts: str | None = None,
+    ) -> Task:
+        from .sqlite_lineage import fork_task
+
+        try:
+            return fork_task(
+                self, source_id, new_id, start, run_id, queue=queue, artifacts=artifacts
+            )
+        except sqlite3.IntegrityError as exc:
+            raise TaskExists(f"task {new_id!r} already exists") from exc
+
+    def park_step(self, run: Run, idx: int, status: StepStatus, data: dict[str, Any]) -> None:
+        sqlite_parking.park_step(self, run, idx, status, data)
+
+    def settle_step(
+        self, run: Run, idx: int, *, output: str | None = None, block: str | None = None
+    ) -> None:
+        sqlite_parking.settle_step(self, run, idx, output=output, block=block)
+
+    def decide_step(self, task_id: str, run_id: str, idx: int, decision: Decision) -> Task:
+        return sqlite_parking.decide_step(self, task_id, run_id, idx, decision)
+
     def events(self, task_id: str) -> list[Event]:
         with self._read() as conn:
             rows = conn.execute(Q["events"], {"id": task_id}).fetchall()
         return [Event.from_row(row) for row in rows]
+
+    def blob_rows(self) -> list[tuple[str, int, str]]:
+        """``(task_id, idx, output)`` of every output that is, or holds, a blob
+        reference (:func:`ninelives.blobs.references`)."""
+        with self._read() as conn:
+            return [(str(r[0]), int(r[1]), str(r[2])) for r in conn.execute(Q["blob_rows"])]
 
     def integrity_problems(self) -> list[str]:
         """``PRAGMA quick_check`` findings; empty when the file is sound.

@@ -45,6 +45,7 @@ from .sqlite_files import (
     quick_check_findings,
     resolve,
 )
+from .sqlite_housekeeping import SQLiteHousekeeping
 
 Q = sql.load_queries("sqlite")
 T = TypeVar("T")
@@ -77,7 +78,7 @@ def _uri(path: str, **params: str) -> str:
     return f"file:{quoted}?{query}"
 
 
-class SQLiteReader:
+class SQLiteReader(SQLiteHousekeeping):
     """The reads of :class:`~ninelives.store.Store` on one SQLite file, opened read-only."""
 
     dialect = "sqlite"
@@ -88,6 +89,10 @@ class SQLiteReader:
         ninelives database or has a newer schema, having changed nothing."""
         self.url = url
         self.path = path
+        from ..blobs import FolderBlobs, folder_for
+
+        #: The database's blobs, read only (:mod:`ninelives.blobs`).
+        self.blobs = FolderBlobs(folder_for(path))
         self._lock_fd: int | None = None
         self._stamp: tuple[int, int, int] | None = None
         self._conn: sqlite3.Connection | None = None
@@ -195,6 +200,8 @@ class SQLiteReader:
             return Q["get_task_unleased"], steps, False
         if "artifacts" not in columns:
             return Q["get_task_unrecorded"], steps, False
+        if "plan_sha256" not in columns:
+            return Q["get_task_v5"], steps, False
         return Q["get_task"], steps, False
 
     # -- reading ------------------------------------------------------------
@@ -254,7 +261,9 @@ class SQLiteReader:
         task = self._reading(load)
         if task is None:
             raise UnknownTask(f"unknown task {task_id!r}")
-        return task
+        from ..blobs import resolve_task
+
+        return resolve_task(task, self.blobs)
 
     def task_ids(self) -> list[str]:
         """Every stored task id, oldest first."""
@@ -268,6 +277,14 @@ class SQLiteReader:
             return []
         rows = self._reading(lambda conn: conn.execute(Q["events"], {"id": task_id}).fetchall())
         return [Event.from_row(row) for row in rows]
+
+    def blob_rows(self) -> list[tuple[str, int, str]]:
+        """``(task_id, idx, output)`` of every output that is, or holds, a blob reference."""
+        if self._empty:
+            return []
+        return self._reading(
+            lambda conn: [(str(r[0]), int(r[1]), str(r[2])) for r in conn.execute(Q["blob_rows"])]
+        )
 
     def integrity_problems(self) -> list[str]:
         """``PRAGMA quick_check`` findings; empty when the file is sound."""

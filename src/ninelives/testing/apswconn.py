@@ -160,7 +160,9 @@ class ApswConnection:
         return result
 
     def execute(self, sql: str, parameters: Any = None) -> _Rows:
-        words = sql.split(None, 1)
+        # The verb of the first line that is not a comment (named queries keep theirs).
+        code = [line for line in sql.splitlines() if not line.lstrip().startswith("--")]
+        words = " ".join(code).split(None, 1)
         verb = words[0].upper() if words else ""
         # A commit of a write transaction, whatever began it: the connection's
         # own state says so, not the text of the BEGIN.

@@ -440,7 +440,8 @@ class EffectsOS:
     """Stands in for ``os`` inside :mod:`ninelives.tools.effects`, feeding the model.
 
     ``drop_file_fsync`` / ``drop_dir_fsync`` turn those fsyncs into no-ops:
-    negative controls that show the harness sees a missing fsync.
+    negative controls that show the harness sees a missing fsync; with
+    ``drop_under`` (a folder relative to the model's root) only there.
     """
 
     def __init__(
@@ -450,11 +451,14 @@ class EffectsOS:
         *,
         drop_file_fsync: bool = False,
         drop_dir_fsync: bool = False,
+        drop_under: str | None = None,
     ) -> None:
         self._model = model
         self._trigger = trigger
         self._drop_file_fsync = drop_file_fsync
         self._drop_dir_fsync = drop_dir_fsync
+        #: When set, the drops apply only to paths at or under this relative folder.
+        self._drop_under = drop_under
         self._fds: dict[int, tuple[str, FileNode | DirNode, bool]] = {}
 
     def __getattr__(self, name: str) -> Any:
@@ -495,11 +499,13 @@ class EffectsOS:
             os.fsync(fd)
             return
         where, node, _ = tracked
+        under = self._drop_under
+        dropping = under is None or where == under or where.startswith(under + os.sep)
         if isinstance(node, DirNode):
-            if not self._drop_dir_fsync:
+            if not (self._drop_dir_fsync and dropping):
                 self._trigger.tick("dirsync", where)
                 DiskModel.sync_dir(node)
-        elif not self._drop_file_fsync:
+        elif not (self._drop_file_fsync and dropping):
             self._trigger.tick("sync", where)
             DiskModel.sync(node)
 
@@ -568,7 +574,11 @@ def effects_through(proxy: EffectsOS, *, plain_mkdir: bool = False) -> Iterator[
     saved_os, saved_make = namespace["os"], effects.make_folder
     namespace["os"] = proxy
     if plain_mkdir:
-        effects.make_folder = lambda folder: proxy.makedirs(folder, exist_ok=True)
+
+        def plain(folder: str, mode: int = 0o777) -> None:
+            proxy.makedirs(folder, mode, exist_ok=True)
+
+        effects.make_folder = plain
     try:
         yield
     finally:

@@ -79,6 +79,13 @@ class Controls:
     sqlite_dirsync_lost: bool = False
     #: The store's own fsync of the database folder, before its first commit, does nothing.
     drop_db_dirsync: bool = False
+    #: Not a control: outputs over this many bytes go to the blob store
+    #: (``state.db.blobs/``); 0 sends every output there.
+    blob_threshold: int | None = None
+    #: Store blobs without fsyncing the file (with ``blob_threshold``).
+    drop_blob_fsync: bool = False
+    #: Store blobs without fsyncing their folder (with ``blob_threshold``).
+    drop_blob_dirsync: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,8 +144,11 @@ class _Tally:
     settings: set[tuple[int, str]] = field(default_factory=set)
 
 
-def _settings(folder: str) -> Settings:
-    return Settings(artifacts=os.path.join(folder, ARTIFACTS), workspace=folder)
+def _settings(folder: str, controls: Controls = Controls()) -> Settings:
+    settings = Settings(artifacts=os.path.join(folder, ARTIFACTS), workspace=folder)
+    if controls.blob_threshold is not None:
+        settings = settings._replace(blob_threshold=controls.blob_threshold)
+    return settings
 
 
 def prepare_folder(folder: str) -> None:
@@ -165,11 +175,13 @@ def _phase(
     vfs = recording_vfs()
     vfs.model, vfs.trigger = model, trigger
     vfs.dirsync_lost = controls.sqlite_dirsync_lost
+    blob_drops = controls.drop_blob_fsync or controls.drop_blob_dirsync
     proxy = EffectsOS(
         model,
         trigger,
-        drop_file_fsync=controls.drop_artifact_fsync,
-        drop_dir_fsync=controls.drop_artifact_dirsync,
+        drop_file_fsync=controls.drop_blob_fsync if blob_drops else controls.drop_artifact_fsync,
+        drop_dir_fsync=controls.drop_blob_dirsync if blob_drops else controls.drop_artifact_dirsync,
+        drop_under=DB_NAME + ".blobs" if blob_drops else None,
     )
     # The store's own fsync of the database folder goes to the model as well.
     store_os = EffectsOS(model, trigger, drop_dir_fsync=controls.drop_db_dirsync)
@@ -178,7 +190,7 @@ def _phase(
         conn = ApswConnection(path, vfs=vfs.NAME, trigger=trigger, tracker=tracker, timeout=timeout)
         return cast(sqlite3.Connection, conn)
 
-    settings = _settings(folder)
+    settings = _settings(folder, controls)
     try:
         with effects_through(proxy, plain_mkdir=controls.plain_mkdir), store_through(store_os):
             # Two opens, as two commands would: `create`, then `run`.
@@ -242,7 +254,7 @@ def _inspect(folder: str, tracker: CommitTracker, tally: _Tally, where: str) -> 
         for v in report.violations:
             if v.check == "stray_temp":
                 continue  # a killed publish leaves one; the next run removes it
-            if v.check.startswith("artifact"):
+            if v.check.startswith("artifact") or v.check == "blob":
                 tally.broken += 1
             else:
                 tally.corrupt += 1
@@ -250,9 +262,9 @@ def _inspect(folder: str, tracker: CommitTracker, tally: _Tally, where: str) -> 
     return state
 
 
-def _finish(folder: str, tally: _Tally) -> None:
+def _finish(folder: str, tally: _Tally, controls: Controls = Controls()) -> None:
     """Resume with the normal runtime to the end and check the outcome."""
-    settings = _settings(folder)
+    settings = _settings(folder, controls)
     artifacts = os.path.join(folder, ARTIFACTS)
     try:
         with open_runtime(os.path.join(folder, DB_NAME), settings=settings) as rt:
@@ -270,7 +282,7 @@ def _finish(folder: str, tally: _Tally) -> None:
         tally.problems.append(f"resumed task is {task.status.value}")
     for v in report.violations:
         tally.problems.append(f"final: {v}")
-        if v.check.startswith("artifact"):
+        if v.check.startswith("artifact") or v.check == "blob":
             tally.broken += 1
         elif v.check == "stray_temp":
             tally.other += 1
@@ -330,7 +342,7 @@ def run_scenario(
         if tally.corrupt > before:
             break  # nothing sound is left to resume
     if not tally.corrupt:
-        _finish(folder, tally)
+        _finish(folder, tally, controls)
     return ScenarioResult(
         spec=tuple(spec),
         cuts=tally.cuts,

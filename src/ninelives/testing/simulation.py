@@ -30,16 +30,27 @@ import zlib
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import crashpoints
 from ..errors import TaskFailed, ToolError
 from ..journal import dumps
 from ..models import Event, EventKind, StepStatus, Task, TaskStatus, load_json_object
 
+if TYPE_CHECKING:
+    from ..tools import ToolContext
+
 TASK_ID = "sim"
 #: Crash points a simulation cannot reach, with the reason (none today).
-NOT_SIMULATED: dict[str, str] = {}
+NOT_SIMULATED: dict[str, str] = {
+    # The simulated plans have no probe or approval steps; tests/crash/test_unknown.py
+    # and tests/crash/test_approval.py kill real processes at these points.
+    "probe_answered": "no probe tool in the simulated plans",
+    "settle_before_commit": "no probe tool in the simulated plans",
+    "decision_before_commit": "no person deciding in the simulated plans",
+    "gc_before_commit": "gc deletes finished tasks and runs no step: killed for real, on both "
+    "stores, by tests/crash/test_crashpoints.py and tests/crash/test_gc_kills.py",
+}
 #: Planted bugs for negative controls.
 #: ``unsafe_effect``: the fake outside service ignores idempotency keys.
 #: ``silent_reset``: after each crash, steps left ``running`` are put back to
@@ -73,6 +84,8 @@ class SimConfig:
     max_attempts: int = 3
     max_steps: int = 6
     legacy_rate: float = 0.2
+    #: Share of seeds that store every output as a blob (``blob_threshold=0``).
+    blob_rate: float = 0.3
     bug: str | None = None
 
 
@@ -154,7 +167,7 @@ def _source(step_input: Mapping[str, Any], ctx: Mapping[int, Any]) -> str:
 
 def sim_registry(world: World, rng: random.Random, config: SimConfig, artifacts: str) -> Any:
     """The fake tools, registered through the ordinary :class:`~ninelives.tools.Registry`."""
-    from ..tools import Registry
+    from ..tools import Registry, Tool
     from ..tools.effects import publish_once
 
     tools = Registry(entry_points=False)
@@ -172,8 +185,14 @@ def sim_registry(world: World, rng: random.Random, config: SimConfig, artifacts:
         flaky("llm")
         return {"summary": llm_reply(prompt), "engine": "fake"}
 
-    def sim_wait(step_input: Mapping[str, Any], ctx: Mapping[int, Any], key: str) -> Any:
-        world.sleep(float(step_input["seconds"]))
+    def sim_wait(step_input: Mapping[str, Any], context: ToolContext) -> Any:
+        # Waits in two halves with a checkpoint between: a resumed attempt skips
+        # the half its progress says is done.
+        seconds = float(step_input["seconds"])
+        if context.progress is None:
+            world.sleep(seconds / 2)
+            context.checkpoint({"half": True})
+        world.sleep(seconds / 2)
         return {"waited": step_input["seconds"], "at": world.now}
 
     def sim_send(step_input: Mapping[str, Any], ctx: Mapping[int, Any], key: str) -> Any:
@@ -198,8 +217,9 @@ def sim_registry(world: World, rng: random.Random, config: SimConfig, artifacts:
             "bytes": done.size,
         }
 
-    for tool in (sim_read, sim_llm, sim_wait, sim_send, sim_publish):
+    for tool in (sim_read, sim_llm, sim_send, sim_publish):
         tools.register(tool.__name__, tool)
+    tools.add(Tool(name="sim_wait", fn=sim_wait, takes_context=True))
     return tools
 
 
@@ -340,6 +360,8 @@ def run_seed(seed: int, folder: str, config: SimConfig | None = None) -> SeedRes
     settings = Settings(
         max_attempts=config.max_attempts, artifacts=artifacts, workspace=where, backoff=0.0
     )
+    if random.Random(f"{seed}:blobs").random() < config.blob_rate:
+        settings = settings._replace(blob_threshold=0)  # every output out of the row
     created = False
     if plan_rng.random() < config.legacy_rate:
         pure = next(

@@ -21,7 +21,7 @@ module in ``--tools`` / ``NINELIVES_TOOLS`` (:func:`load_tool_modules`), so that
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError, PlanError
@@ -51,6 +51,19 @@ class Tool:
     description: str = ""
     #: True when ``fn`` takes ``(input, ctx)`` with a :class:`ToolContext`.
     takes_context: bool = False
+    #: The version the tool declares (any text), journaled in every ``step_started``
+    #: so that a replay can tell which version of a tool produced an output.
+    version: str | None = None
+    #: What a recovery does with a step of this tool found ``running`` (its
+    #: outcome unknown): ``rerun`` (at least once: the tool is idempotent),
+    #: ``probe`` (ask :attr:`probe`) or ``refuse`` (at most once: park the step
+    #: ``blocked`` for ``ninelives resolve``). A plan step's ``on_unknown`` overrides it.
+    on_unknown: str = "rerun"
+    #: ``probe(ctx)`` or ``probe(input, ctx)``, asked (outside any transaction)
+    #: whether the effect of a step left running happened, by ``ctx.idem_key``:
+    #: it returns the output (a JSON object) if it did, None if it did not, and
+    #: raises (say :class:`~ninelives.errors.ToolError`) when it cannot tell.
+    probe: Callable[..., Mapping[str, Any] | None] | None = None
 
     def __call__(
         self, input: Mapping[str, Any], ctx: Mapping[int, Any], idem_key: str
@@ -73,6 +86,13 @@ class Tool:
             return self.fn(input, context)
         return self.fn(input, context.outputs, context.idem_key)
 
+    def ask_probe(self, input: Mapping[str, Any], context: ToolContext) -> Mapping[str, Any] | None:
+        """Call :attr:`probe` (which must be set) in whichever form it takes."""
+        assert self.probe is not None
+        if _argcount(self.probe) == 2:
+            return self.probe(input, context)
+        return self.probe(context)
+
 
 @dataclass(frozen=True, kw_only=True)
 class ToolContext:
@@ -86,6 +106,27 @@ class ToolContext:
     outputs: Mapping[int, Any]
     #: ``<task_id>-<step>``: the same for every attempt, to make an effect idempotent.
     idem_key: str
+    #: The last progress committed by :meth:`checkpoint` for this step (in this
+    #: attempt or an earlier one), or None: where a resumable step carries on.
+    progress: Any = None
+    #: Commits progress (set by the runtime; None where nothing can be committed).
+    saver: Callable[[Any], None] | None = field(default=None, repr=False, compare=False)
+
+    def checkpoint(self, progress: Any) -> None:
+        """Commit ``progress`` (any JSON) inside the step, journaled ``step_progress``
+        in the same transaction; the next attempt of the step gets it as
+        :attr:`progress`.
+
+        Checked like an output (standard JSON, the maximum output size):
+        :class:`~ninelives.errors.OutputRefused` otherwise. Fenced like every
+        write: a runner that lost the task raises
+        :class:`~ninelives.errors.LeaseLost` and commits nothing.
+        """
+        if self.saver is None:
+            raise RuntimeError("this context has no store to checkpoint to")
+        self.saver(progress)
+        # Frozen for the tool; only a committed checkpoint moves it.
+        object.__setattr__(self, "progress", progress)
 
     def engine(self, **overrides: str) -> Any:
         """The model engine configured by ``NINELIVES_LLM*`` (``engine=``, ``model=``
@@ -96,8 +137,27 @@ class ToolContext:
 
 
 def _takes_context(fn: Callable[..., Any]) -> bool:
+    return _argcount(fn) == 2
+
+
+def _argcount(fn: Callable[..., Any]) -> int | None:
     code = getattr(fn, "__code__", None)
-    return code is not None and code.co_argcount == 2
+    return None if code is None else int(code.co_argcount)
+
+
+#: The modes of :attr:`Tool.on_unknown` (as ``on_unknown`` in a plan step).
+ON_UNKNOWN = ("rerun", "probe", "refuse")
+
+
+def check_on_unknown(name: str, on_unknown: str, probe: object) -> None:
+    """Refuse a tool declared with a mode that is not one of :data:`ON_UNKNOWN`,
+    or with ``probe`` mode and no probe (:class:`~ninelives.errors.PlanError`)."""
+    if on_unknown not in ON_UNKNOWN:
+        raise PlanError(
+            f"tool {name!r}: on_unknown must be one of {', '.join(ON_UNKNOWN)}, got {on_unknown!r}"
+        )
+    if on_unknown == "probe" and probe is None:
+        raise PlanError(f"tool {name!r}: on_unknown 'probe' needs a probe")
 
 
 class Registry:
@@ -164,6 +224,9 @@ def tool(
     schema: Mapping[str, Any] | None = None,
     description: str = "",
     validate: Validator | None = None,
+    version: str | None = None,
+    on_unknown: str = "rerun",
+    probe: Callable[..., Mapping[str, Any] | None] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Declare the decorated function as tool ``name`` (default: its own name).
 
@@ -171,10 +234,16 @@ def tool(
     contract's ``(input, ctx, idem_key)``. ``schema`` (JSON Schema of the
     input) lets agents call it: the model is shown it and ``description`` (by
     default the function's docstring), and every call is checked against it.
+    ``version`` (say ``"2"`` after a fix) is journaled in each ``step_started``
+    of the tool, beside the ninelives version.
 
     Declaring registers nothing by itself: a registry gets the tools of a module
     when the module is named in ``--tools`` or ``NINELIVES_TOOLS``
-    (:func:`load_tool_modules`)::
+    (:func:`load_tool_modules`).
+
+    ``on_unknown`` and ``probe`` say what a recovery does with a step left
+    ``running`` (see :attr:`Tool.on_unknown`); ``probe`` mode needs a probe.
+    ::
 
         # mypkg/tools.py; run with: ninelives --tools mypkg.tools run TASK
         from ninelives.tools import tool
@@ -186,6 +255,7 @@ def tool(
 
     def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
         declared = name or str(getattr(fn, "__name__", ""))
+        check_on_unknown(declared, on_unknown, probe)
         module = getattr(fn, "__module__", "") or ""
         _DECLARED.setdefault(module, {})[declared] = Tool(
             name=declared,
@@ -194,6 +264,9 @@ def tool(
             schema=schema,
             description=description or " ".join((fn.__doc__ or "").split()),
             takes_context=_takes_context(fn),
+            version=version,
+            on_unknown=on_unknown,
+            probe=probe,
         )
         return fn
 

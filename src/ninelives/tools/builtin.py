@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ..blobs import CHUNK, Blobs
+from ..blobs import current as current_blobs
 from ..errors import PlanError, ToolError
 from ..settings import Settings
 from . import Registry, Tool, effects, files, load_tool_modules
@@ -39,7 +41,8 @@ def _check_relative(path: Any) -> None:
         raise PlanError(f"path {path!r} must stay inside the workspace (relative, no '..')")
 
 
-#: The largest file ``fetch`` reads: its text becomes a committed step output.
+#: The largest file ``fetch`` reads into memory, its text in the output; a larger
+#: one is streamed into the blob store (up to ``NINELIVES_MAX_FETCH``).
 MAX_FETCH_BYTES = 32 << 20
 FETCH_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -74,9 +77,12 @@ def make_fetch(settings: Settings) -> Tool:
     ``create``; at run time it is opened one component at a time beneath the
     workspace (:func:`ninelives.tools.files.open_beneath`), so a symlink that
     leads out, or one swapped in while the path is resolved, is refused. Only
-    a regular file is read (never a FIFO or a device), of at most
-    :data:`MAX_FETCH_BYTES`, and only with a single name: a file with other
-    hard links may have a name outside the workspace, so it is refused too.
+    a regular file is read (never a FIFO or a device), and only with a single
+    name: a file with other hard links may have a name outside the workspace,
+    so it is refused too. A file over :data:`MAX_FETCH_BYTES` (or the maximum
+    output) is streamed into the task's blob store instead of read into memory,
+    up to ``NINELIVES_MAX_FETCH``: ``{"chars", "sha256", "bytes", "text": ref}``
+    where ``ref`` is ``{"$blob": {"sha256", "size"}}`` (:mod:`ninelives.blobs`).
     """
 
     def validate(step_input: Mapping[str, Any]) -> None:
@@ -103,7 +109,16 @@ def make_fetch(settings: Settings) -> Tool:
                     "the workspace; fetch reads only files with one name (copy it instead)"
                 )
             # Bounded: a huge file must be a clear step_error, not a process
-            # that runs out of memory on every attempt.
+            # that runs out of memory on every attempt. One larger than what an
+            # output holds is streamed to the blob store instead, when there is one.
+            blobs = current_blobs()
+            if st.st_size > limit and blobs is not None:
+                if st.st_size > settings.max_fetch:
+                    raise ToolError(
+                        f"{path} is larger than fetch's limit of {settings.max_fetch} bytes "
+                        "(NINELIVES_MAX_FETCH)"
+                    )
+                return _fetch_to_blob(fd, path, settings.max_fetch, blobs, idem_key)
             if st.st_size > limit:
                 raise ToolError(f"{path} is larger than {what}")
             data = files.read_limited(fd, limit, path)
@@ -124,6 +139,51 @@ def make_fetch(settings: Settings) -> Tool:
         schema=FETCH_SCHEMA,
         description="Read a UTF-8 text file of the workspace; returns its text and sha256.",
     )
+
+
+def _fetch_to_blob(fd: int, path: str, limit: int, blobs: Blobs, idem_key: str) -> dict[str, Any]:
+    """Stream a large file into the blob store, a chunk at a time, checking that
+    it is UTF-8 and counting its characters on the way: ``{"chars", "sha256",
+    "bytes", "text": {"$blob": {"sha256", "size"}}}``."""
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    chars = 0
+    total = 0
+
+    def chunks() -> Iterator[bytes]:
+        nonlocal chars, total
+        while chunk := os.read(fd, CHUNK):
+            total += len(chunk)
+            if total > limit:  # grown since it was measured
+                raise ToolError(f"{path} is larger than fetch's limit of {limit} bytes")
+            try:
+                chars += len(decoder.decode(chunk))
+            except UnicodeDecodeError:
+                raise ToolError(f"{path} is not UTF-8 text") from None
+            yield chunk
+        try:
+            chars += len(decoder.decode(b"", final=True))
+        except UnicodeDecodeError:
+            raise ToolError(f"{path} is not UTF-8 text") from None
+
+    ref = blobs.put(chunks(), tag=idem_key)
+    return {"chars": chars, "sha256": ref.sha256, "bytes": ref.size, "text": ref.as_json()}
+
+
+def _leading_text(ref: Mapping[str, Any], lines: int = 3) -> str:
+    """The start of a blob's UTF-8 text, up to its ``lines``-th non-empty line."""
+    import codecs
+
+    from ..blobs import open_ref
+
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    text = ""
+    for chunk in open_ref(ref):
+        text += decoder.decode(chunk)
+        if sum(1 for line in text.splitlines() if line.strip()) > lines:
+            break
+    return text
 
 
 def stub_summary(text: str) -> str:
@@ -166,6 +226,9 @@ def make_summarize(settings: Settings) -> Tool:
     def summarize(step_input: Mapping[str, Any], ctx: Mapping[int, Any], idem_key: str) -> Any:
         source = _source(ctx, step_input)
         text = source.get("text", source.get("summary"))
+        if isinstance(text, dict) and settings.llm != "ollama":
+            # A large fetch: its text is a blob, read only as far as needed.
+            return {"summary": stub_summary(_leading_text(text)), "engine": "stub"}
         if not isinstance(text, str):
             raise ToolError(f"step {step_input['from']} output has no text to summarize")
         if settings.llm == "ollama":
@@ -236,6 +299,7 @@ def _check_write(step_input: Mapping[str, Any]) -> None:
 def default_registry(settings: Settings) -> Registry:
     """The built-in tools configured by ``settings``, plus entry-point tools on demand,
     plus the tools of the modules in ``settings.tool_modules`` (``NINELIVES_TOOLS``)."""
+    from ..parking import make_approval
     from .model import make_agent, make_llm
 
     registry = Registry(
@@ -244,6 +308,7 @@ def default_registry(settings: Settings) -> Registry:
             make_summarize(settings),
             make_write_artifact(settings),
             make_llm(),
+            make_approval(),
         ]
     )
     registry.add(make_agent(registry.lookup))

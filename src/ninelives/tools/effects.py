@@ -17,7 +17,7 @@ from __future__ import annotations
 import errno
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass
 
@@ -92,12 +92,13 @@ def fsync_dir(folder: str) -> None:
         os.close(fd)
 
 
-def make_folder(folder: str) -> None:
+def make_folder(folder: str, mode: int = 0o777) -> None:
     """Create ``folder`` and its missing parents so that they survive power loss.
 
     A folder's name lives in its parent, so it is durable only once the parent
     is fsynced. The parent of ``folder`` is fsynced even when ``folder`` already
     existed: an earlier attempt may have died between its mkdir and that fsync.
+    ``mode`` is that of the folders created (before the umask).
     """
     folder = os.path.abspath(folder)
     created = []
@@ -105,7 +106,7 @@ def make_folder(folder: str) -> None:
     while not os.path.isdir(path) and os.path.dirname(path) != path:
         created.append(path)
         path = os.path.dirname(path)
-    os.makedirs(folder, exist_ok=True)
+    os.makedirs(folder, mode=mode, exist_ok=True)
     for parent in sorted({os.path.dirname(p) for p in [*created, folder]}, key=len):
         fsync_dir(parent)
 
@@ -151,33 +152,99 @@ def publish_once(folder: str, name: str, data: bytes, *, step: int | None = None
 
 
 def _publish(folder: str, name: str, data: bytes, step: int | None) -> Published:
-    make_folder(folder)
-    final = os.path.join(folder, name)
-    digest = _sha256(data)
-    tmp = os.path.join(folder, f".{name}.{os.urandom(8).hex()}.tmp")
-    fd = os.open(tmp, _OPEN_NEW, 0o644)
+    temp = f".{name}.{os.urandom(8).hex()}.tmp"
+    return write_new(folder, temp, [data], name=name, step=step, artifact=True)
+
+
+def write_new(
+    folder: str,
+    temp: str,
+    chunks: Iterable[bytes],
+    *,
+    name: str | None = None,
+    step: int | None = None,
+    artifact: bool = False,
+    private: bool = False,
+) -> Published:
+    """Write ``chunks`` durably as a new file in ``folder``; the primitive of
+    :func:`publish_once` and of the blob store (:mod:`ninelives.blobs`).
+
+    The chunks go to the temporary file ``temp`` (created with ``O_EXCL |
+    O_NOFOLLOW``), hashed on the way, so nothing larger than one chunk is held;
+    the file is fsynced, hard-linked to its final name (``name``, else the
+    SHA-256 hex digest: content-addressed), the temporary name removed and the
+    folder fsynced. A final name that already exists is checked: the same
+    content is ``deduplicated``; different content is a :class:`ToolError` for
+    an artifact, and for a content-addressed file (whose name says what it must
+    hold) a damaged copy that is replaced. ``artifact`` enables the artifact
+    crash points; ``private`` makes the folder 0700 and the file 0600.
+    A failed fsync raises :class:`EffectUnknown`; an error raised by ``chunks``
+    propagates with the temporary file removed.
+    """
+    import hashlib  # ~10 ms to import (OpenSSL): keep it off the CLI start-up path
+
+    make_folder(folder, 0o700 if private else 0o777)
+    tmp = os.path.join(folder, temp)
+    digest = hashlib.sha256()
+    size = 0
+    fd = os.open(tmp, _OPEN_NEW, 0o600 if private else 0o644)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            for chunk in chunks:
+                digest.update(chunk)
+                size += len(chunk)
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view) :]
             _fsync(fd, tmp)
         finally:
             os.close(fd)
-        crashpoints.crash("artifact_before_link", step)
+        hexdigest = digest.hexdigest()
+        final = os.path.join(folder, name if name is not None else hexdigest)
+        if artifact:
+            crashpoints.crash("artifact_before_link", step)
         try:
             os.link(tmp, final, follow_symlinks=False)
             deduplicated = False
         except FileExistsError:
-            _check_existing(final, digest, len(data))
-            deduplicated = True
+            if name is not None:
+                _check_existing(final, hexdigest, size)
+                deduplicated = True
+            else:
+                deduplicated = _keep_or_replace(final, tmp, hexdigest, size)
     finally:
-        os.unlink(tmp)
-    crashpoints.crash("artifact_before_dirsync", step)
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+    if artifact:
+        crashpoints.crash("artifact_before_dirsync", step)
     # Also on the deduplicated path: the earlier attempt may have died before
     # its folder fsync, and its name must be durable before we report it.
     fsync_dir(folder)
-    return Published(path=final, deduplicated=deduplicated, sha256=digest, size=len(data))
+    return Published(path=final, deduplicated=deduplicated, sha256=hexdigest, size=size)
+
+
+def _keep_or_replace(final: str, tmp: str, expected: str, size: int) -> bool:
+    """A content-addressed name exists: True if it holds ``expected`` (its
+    modification time is refreshed, so a sweep of old unreferenced files spares
+    it until the reference is committed); else the damaged copy is replaced."""
+    try:
+        fd = files.open_regular(final)
+    except files.NotRegularFile as exc:
+        raise ToolError(f"{exc}; refusing to store over it") from None
+    try:
+        same = os.fstat(fd).st_size == size and files.sha256_of(fd) == (expected, size)
+    finally:
+        os.close(fd)
+    if same:
+        os.utime(final)
+        return True
+    # Not atomic, but never wrong: between the two a reader finds the name
+    # missing, which is as much an error as the damaged copy was.
+    os.unlink(final)
+    os.link(tmp, final, follow_symlinks=False)
+    return False
 
 
 def append_unsafe(path: str, data: bytes) -> None:

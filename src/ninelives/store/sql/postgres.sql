@@ -4,8 +4,8 @@
 -- (ninelives_now()), and a claim is a lease with an expiry, not a kernel lock.
 
 -- name: get_task
-SELECT id, goal, status, created_at, updated_at, lease_epoch, artifacts FROM tasks
-WHERE id = %(id)s;
+SELECT id, goal, status, created_at, updated_at, lease_epoch, artifacts, plan_sha256
+FROM tasks WHERE id = %(id)s;
 
 -- name: get_steps
 SELECT idx, tool, input, status, output, attempts, policy, progress, not_before FROM steps
@@ -27,8 +27,8 @@ SELECT id FROM tasks WHERE lower(id) = lower(%(id)s) LIMIT 1;
 SELECT id FROM tasks ORDER BY created_at, id;
 
 -- name: insert_task
-INSERT INTO tasks (id, goal, status, created_at, updated_at, queue, artifacts)
-SELECT %(id)s, %(goal)s, 'pending', n.t, n.t, %(queue)s, %(artifacts)s
+INSERT INTO tasks (id, goal, status, created_at, updated_at, queue, artifacts, plan_sha256)
+SELECT %(id)s, %(goal)s, 'pending', n.t, n.t, %(queue)s, %(artifacts)s, %(plan_sha256)s
 FROM (SELECT ninelives_now() AS t) AS n;
 
 -- name: insert_step
@@ -87,11 +87,15 @@ RETURNING lease_epoch;
 -- name: claim_next
 -- The oldest unfinished task of the queue whose lease is free or expired;
 -- SKIP LOCKED lets concurrent workers each take a different one without waiting.
+-- A task whose step waits out its backoff is left until due, rather than
+-- claimed to hold a slot asleep.
 WITH next AS (
     SELECT id FROM tasks
     WHERE queue = %(queue)s AND status IN ('pending', 'running')
       AND (lease_owner IS NULL OR lease_expires_at < ninelives_now())
       AND id <> ALL(%(skip)s::text[])
+      AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.task_id = tasks.id
+                      AND s.status = 'pending' AND s.not_before > ninelives_now())
     ORDER BY created_at, id
     LIMIT 1
     FOR UPDATE SKIP LOCKED
@@ -113,15 +117,18 @@ SELECT idx FROM steps WHERE task_id = %(id)s AND status = 'running' ORDER BY idx
 UPDATE steps SET status = 'pending' WHERE task_id = %(id)s AND status = 'running';
 
 -- name: fence
--- Every commit of a runner goes through here first and renews its lease.
+-- Every commit of a runner goes through here first and renews its lease. A
+-- cancelled task closes the fence too (the runner then reads why: see
+-- ninelives.lineage); a cancel never moves the epoch.
 UPDATE tasks
 SET status = %(status)s, updated_at = ninelives_now(),
     lease_expires_at = ninelives_now() + %(lease)s
-WHERE id = %(id)s AND lease_epoch = %(epoch)s;
+WHERE id = %(id)s AND lease_epoch = %(epoch)s AND status <> 'cancelled';
 
 -- name: fence_unchecked
 -- Test-only (see ninelives.store.fencing_disabled): the fence without its epoch.
-UPDATE tasks SET status = %(status)s, updated_at = ninelives_now() WHERE id = %(id)s;
+UPDATE tasks SET status = %(status)s, updated_at = ninelives_now()
+WHERE id = %(id)s AND status <> 'cancelled';
 
 -- name: renew
 -- No expiry condition, on purpose (as in the fence): a lapsed lease that nobody
@@ -167,21 +174,33 @@ WHERE s.task_id = %(id)s AND s.status = 'pending' AND t.status IN ('pending', 'r
 ORDER BY s.idx LIMIT 1;
 
 -- name: step_running
-UPDATE steps SET status = 'running', attempts = attempts + 1
+-- A step waiting out its backoff (not_before) is not started before then.
+UPDATE steps SET status = 'running', attempts = attempts + 1, not_before = NULL
 WHERE task_id = %(id)s AND idx = %(idx)s AND status = 'pending'
+  AND (not_before IS NULL OR not_before <= ninelives_now())
 RETURNING attempts;
+
+-- name: step_due_in
+-- Why step_running matched nothing: seconds until a pending step is due (NULL: not pending).
+SELECT coalesce(not_before - ninelives_now(), 0) FROM steps
+WHERE task_id = %(id)s AND idx = %(idx)s AND status = 'pending';
+
+-- name: step_progress
+UPDATE steps SET progress = %(progress)s
+WHERE task_id = %(id)s AND idx = %(idx)s AND status = 'running';
 
 -- name: step_done
 UPDATE steps SET status = 'done', output = %(output)s
 WHERE task_id = %(id)s AND idx = %(idx)s AND status = 'running';
 
 -- name: step_back
-UPDATE steps SET status = %(status)s
+-- %(delay)s NULL: due at once; otherwise not started again before now + delay.
+UPDATE steps SET status = %(status)s, not_before = ninelives_now() + %(delay)s::double precision
 WHERE task_id = %(id)s AND idx = %(idx)s AND status = 'running'
-RETURNING attempts;
+RETURNING attempts, not_before;
 
 -- name: step_failed
-UPDATE steps SET status = 'failed' WHERE task_id = %(id)s AND idx = %(idx)s;
+UPDATE steps SET status = 'failed', not_before = NULL WHERE task_id = %(id)s AND idx = %(idx)s;
 
 -- name: events
 SELECT seq, ts, task_id, run_id, kind, step_idx, data FROM events WHERE task_id = %(id)s ORDER BY seq;
@@ -216,5 +235,210 @@ SET status = 'pending', lease_epoch = lease_epoch + 1, lease_owner = NULL,
 WHERE id = %(id)s AND status = 'failed';
 
 -- name: retry_step
-UPDATE steps SET status = 'pending', attempts = 0
+-- Progress is kept (the next attempt resumes from it); a pending wait is dropped.
+UPDATE steps SET status = 'pending', attempts = 0, not_before = NULL
 WHERE task_id = %(id)s AND idx = %(idx)s AND status = 'failed';
+
+-- Cancel, fork and plan integrity (ninelives.lineage).
+
+-- name: task_row_lock
+-- The task's row, locked for a cancel or a fork of it (SQLite: BEGIN IMMEDIATE).
+SELECT status FROM tasks WHERE id = %(id)s
+FOR UPDATE;
+
+-- name: cancel_task
+-- No new epoch: a runner holding the task finds the fence closed and reads
+-- "cancelled" (exit 9) rather than "taken over" (exit 3).
+UPDATE tasks SET status = 'cancelled', updated_at = ninelives_now()
+WHERE id = %(id)s AND status NOT IN ('done', 'cancelled');
+
+-- name: fence_cancelled
+-- The fence for the commit a runner still owes after a cancel landed: the
+-- output (or error) of the step it was running, and nothing else.
+UPDATE tasks SET updated_at = ninelives_now()
+WHERE id = %(id)s AND lease_epoch = %(epoch)s AND status = 'cancelled';
+
+-- name: insert_copied_step
+-- A fork's step before its --from: done with the source's output, no attempt of its own.
+INSERT INTO steps (task_id, idx, tool, input, status, output, attempts, policy)
+VALUES (%(id)s, %(idx)s, %(tool)s, %(input)s, 'done', %(output)s, 0, %(policy)s);
+
+-- name: appended_by
+-- Which turn appended each step (step_appended's "by"): a fork leaves out what
+-- its re-run turns append again.
+SELECT step_idx, data FROM events WHERE task_id = %(id)s AND kind = 'step_appended';
+
+-- name: plan_sha256
+SELECT plan_sha256 FROM tasks WHERE id = %(id)s;
+
+-- name: set_plan_sha256
+UPDATE tasks SET plan_sha256 = %(plan_sha256)s WHERE id = %(id)s;
+
+-- name: recover_step
+-- One step of unknown outcome back to pending (on_unknown rerun, or a probe
+-- that found the effect had not happened).
+UPDATE steps SET status = 'pending'
+WHERE task_id = %(id)s AND idx = %(idx)s AND status = 'running';
+
+-- name: park_step
+-- A step parked for a person: blocked (unknown outcome) or waiting (approval).
+UPDATE steps SET status = %(status)s
+WHERE task_id = %(id)s AND idx = %(idx)s AND status IN ('pending', 'running');
+
+-- name: park_task
+UPDATE tasks SET status = %(status)s, updated_at = ninelives_now() WHERE id = %(id)s;
+
+-- name: settle_step
+-- A probe's answer for a step left running: done with its output, or blocked.
+UPDATE steps SET status = %(status)s, output = %(output)s
+WHERE task_id = %(id)s AND idx = %(idx)s AND status = 'running';
+
+-- name: decide_task
+-- A person's decision moves a parked task on under a new epoch, so that no
+-- runner from before it can commit to the task again; the lease is freed, so a
+-- worker claims the task at once (its holder was checked gone, or released it).
+UPDATE tasks SET status = %(status)s, lease_epoch = lease_epoch + 1, updated_at = ninelives_now(),
+    lease_owner = NULL, lease_expires_at = NULL
+WHERE id = %(id)s AND status = %(expect)s;
+
+-- name: decide_step
+UPDATE steps SET status = %(status)s, output = %(output)s
+WHERE task_id = %(id)s AND idx = %(idx)s AND status = %(expect)s;
+
+-- name: blob_rows
+-- Outputs that are, or hold, a blob reference (ninelives.blobs): gc and doctor.
+SELECT task_id, idx, output FROM steps
+WHERE output LIKE '%"$blob"%' ORDER BY task_id, idx;
+
+-- name: blob_chunk_insert
+-- PostgreSQL only, as every blob_ query below: the blob store is files on SQLite.
+INSERT INTO blob_chunks (sha256, n, data) VALUES (%(key)s, %(n)s, %(data)s);
+
+-- name: blob_insert
+-- True when the row is new. Content already stored is kept once (the writer then
+-- drops its own chunks) and its created_at refreshed, so that a sweep spares it
+-- until the reference commits. The row lock orders this against a sweep's
+-- blob_delete: after a delete that committed first, this inserts afresh.
+INSERT INTO blobs (sha256, size, created_at)
+VALUES (%(sha256)s, %(size)s, extract(epoch FROM clock_timestamp()))
+ON CONFLICT (sha256) DO UPDATE SET created_at = EXCLUDED.created_at
+RETURNING xmax = 0;
+
+-- name: blob_chunks_rename
+UPDATE blob_chunks SET sha256 = %(sha256)s WHERE sha256 = %(key)s;
+
+-- name: blob_chunks_drop
+DELETE FROM blob_chunks WHERE sha256 = %(key)s;
+
+-- name: blob_chunks_read
+SELECT data FROM blob_chunks WHERE sha256 = %(sha256)s AND n >= %(from)s ORDER BY n LIMIT %(count)s;
+
+-- name: blob_list
+SELECT sha256, size, created_at FROM blobs ORDER BY sha256;
+
+-- name: blob_delete
+DELETE FROM blobs WHERE sha256 = %(sha256)s AND created_at < %(before)s RETURNING sha256;
+
+-- Housekeeping (ls, gc, doctor). Each query reaches its rows through an index
+-- of migration 0007; tests/unit/test_query_plans.py checks that none scans a table.
+
+-- name: ls_page
+-- The newest tasks first, a page of ids (tasks_created).
+SELECT id FROM tasks ORDER BY created_at DESC, id DESC LIMIT %(limit)s;
+
+-- name: ls_page_status
+SELECT id FROM tasks WHERE status = %(status)s ORDER BY created_at DESC, id DESC LIMIT %(limit)s;
+
+-- name: ls_page_queue
+SELECT id FROM tasks WHERE queue = %(queue)s ORDER BY created_at DESC, id DESC LIMIT %(limit)s;
+
+-- name: ls_page_status_queue
+SELECT id FROM tasks WHERE status = %(status)s AND queue = %(queue)s
+ORDER BY created_at DESC, id DESC LIMIT %(limit)s;
+
+-- name: ls_rows
+-- One line of ls per id of a page (:ids, an array): steps done of total,
+-- attempts, and the last event, each through the task's own keys.
+SELECT t.id, t.status, t.queue, t.goal, t.created_at, t.updated_at,
+    (SELECT count(*) FROM steps s WHERE s.task_id = t.id AND s.status = 'done'),
+    (SELECT count(*) FROM steps s WHERE s.task_id = t.id),
+    (SELECT coalesce(sum(s.attempts), 0) FROM steps s WHERE s.task_id = t.id),
+    (SELECT e.kind FROM events e WHERE e.task_id = t.id ORDER BY e.seq DESC LIMIT 1),
+    (SELECT e.ts FROM events e WHERE e.task_id = t.id ORDER BY e.seq DESC LIMIT 1)
+FROM tasks t WHERE t.id = ANY(%(ids)s::text[]);
+
+-- name: gc_candidates
+-- Finished tasks of one status last changed before :before, oldest first,
+-- after (:after_ts, :after_id): a page at a time (tasks_status_updated).
+SELECT id, updated_at FROM tasks
+WHERE status = %(status)s AND updated_at < %(before)s
+  AND (updated_at, id) > (%(after_ts)s::double precision, %(after_id)s::text)
+ORDER BY updated_at, id LIMIT %(limit)s;
+
+-- name: gc_recheck
+-- Inside the deleting transaction, locking the rows: which of the page are
+-- still finished, old enough and not held by a live lease (a runner ending,
+-- a retry under way); a row another transaction holds is left for next time.
+SELECT id FROM tasks WHERE id = ANY(%(ids)s::text[])
+  AND status = ANY(%(statuses)s::text[]) AND updated_at < %(before)s
+  AND (lease_owner IS NULL OR lease_expires_at < ninelives_now())
+FOR UPDATE SKIP LOCKED;
+
+-- name: gc_events
+-- The journal first, then the steps, then the task: one transaction, so a
+-- kill leaves all three or none.
+DELETE FROM events WHERE task_id = ANY(%(ids)s::text[]);
+
+-- name: gc_steps
+DELETE FROM steps WHERE task_id = ANY(%(ids)s::text[]);
+
+-- name: gc_tasks
+DELETE FROM tasks WHERE id = ANY(%(ids)s::text[]);
+
+-- name: tasks_in_status
+-- doctor: the tasks of one status with their lease, and whether it expired
+-- on the database's clock (tasks_status_updated).
+SELECT id, queue, lease_epoch, lease_owner, lease_expires_at,
+       lease_owner IS NOT NULL AND lease_expires_at < ninelives_now()
+FROM tasks WHERE status = %(status)s;
+
+-- name: artifact_folders
+-- doctor: every folder tasks publish to, for orphaned temporary files.
+SELECT DISTINCT artifacts FROM tasks WHERE artifacts IS NOT NULL;
+
+-- name: expired_leases
+-- PostgreSQL only (SQLite has no leases that expire: the kernel lock is the claim).
+-- doctor: leases whose holder stopped renewing (a dead or stalled worker), on
+-- tasks of any status.
+SELECT id, status, lease_epoch, lease_owner, ninelives_now() - lease_expires_at FROM tasks
+WHERE lease_owner IS NOT NULL AND lease_expires_at < ninelives_now();
+
+-- name: clear_expired_lease
+-- PostgreSQL only.
+-- doctor --fix: free a lease that expired, under a new epoch, so that its
+-- holder, were it only stalled, is fenced out and the next claim recovers.
+UPDATE tasks SET lease_epoch = lease_epoch + 1, lease_owner = NULL, lease_expires_at = NULL
+WHERE id = %(id)s AND lease_epoch = %(epoch)s AND lease_expires_at < ninelives_now();
+
+-- name: dangling_rows
+-- doctor: journal events and steps whose task is gone (a delete that was not
+-- one transaction). Reads the whole journal's index: doctor only, never a hot path.
+SELECT 'events', count(*) FROM events e WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = e.task_id)
+UNION ALL
+SELECT 'steps', count(*) FROM steps s WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = s.task_id);
+
+-- name: delete_dangling_events
+DELETE FROM events WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = events.task_id);
+
+-- name: delete_dangling_steps
+DELETE FROM steps WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = steps.task_id);
+
+-- name: metric_tasks
+-- /metrics of `ninelives ui`: whole-table counts, read once per scrape.
+SELECT status, count(*) FROM tasks GROUP BY status;
+
+-- name: metric_steps
+SELECT status, count(*), coalesce(sum(attempts), 0) FROM steps GROUP BY status;
+
+-- name: metric_recoveries
+SELECT count(*) FROM events WHERE kind = 'step_recovered';

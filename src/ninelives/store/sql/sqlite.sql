@@ -2,8 +2,8 @@
 -- postgres.sql has the same names, so a diff shows where the dialects differ.
 
 -- name: get_task
-SELECT id, goal, status, created_at, updated_at, lease_epoch, artifacts FROM tasks
-WHERE id = :id;
+SELECT id, goal, status, created_at, updated_at, lease_epoch, artifacts, plan_sha256
+FROM tasks WHERE id = :id;
 
 -- name: get_steps
 SELECT idx, tool, input, status, output, attempts, policy, progress, not_before FROM steps
@@ -19,8 +19,8 @@ SELECT id FROM tasks WHERE lower(id) = lower(:id) LIMIT 1;
 SELECT id FROM tasks ORDER BY created_at, id;
 
 -- name: insert_task
-INSERT INTO tasks (id, goal, status, created_at, updated_at, queue, artifacts)
-VALUES (:id, :goal, 'pending', :now, :now, :queue, :artifacts);
+INSERT INTO tasks (id, goal, status, created_at, updated_at, queue, artifacts, plan_sha256)
+VALUES (:id, :goal, 'pending', :now, :now, :queue, :artifacts, :plan_sha256);
 
 -- name: insert_step
 INSERT INTO steps (task_id, idx, tool, input, status, attempts, policy)
@@ -45,19 +45,25 @@ SELECT idx FROM steps WHERE task_id = :id AND status = 'running' ORDER BY idx;
 UPDATE steps SET status = 'pending' WHERE task_id = :id AND status = 'running';
 
 -- name: fence
-UPDATE tasks SET status = :status, updated_at = :now WHERE id = :id AND lease_epoch = :epoch;
+-- A cancelled task closes the fence too (the runner then reads why: see
+-- ninelives.lineage); a cancel never moves the epoch.
+UPDATE tasks SET status = :status, updated_at = :now
+WHERE id = :id AND lease_epoch = :epoch AND status <> 'cancelled';
 
 -- name: fence_unchecked
 -- Test-only (see ninelives.store.fencing_disabled): the fence without its epoch.
-UPDATE tasks SET status = :status, updated_at = :now WHERE id = :id;
+UPDATE tasks SET status = :status, updated_at = :now WHERE id = :id AND status <> 'cancelled';
 
 -- name: claim_candidates
 -- Workers on one host: the oldest unfinished tasks of the queue after
 -- (:after_ts, :after_id), a page at a time; the per-task kernel lock then
--- decides which of them this worker gets.
+-- decides which of them this worker gets. A task whose step waits out its
+-- backoff is left until due, rather than claimed to hold a slot asleep.
 SELECT id, created_at FROM tasks
 WHERE queue = :queue AND status IN ('pending', 'running')
   AND (created_at, id) > (:after_ts, :after_id)
+  AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.task_id = tasks.id
+                  AND s.status = 'pending' AND s.not_before > :now)
 ORDER BY created_at, id
 LIMIT :page;
 
@@ -68,8 +74,10 @@ UPDATE tasks SET lease_epoch = lease_epoch + 1, updated_at = :now
 WHERE id = :id AND lease_epoch = :epoch;
 
 -- name: unfinished
--- :skip is a JSON array of ids left out of the count.
-SELECT count(*) FROM tasks WHERE queue = :queue AND status IN ('pending', 'running')
+-- :skip is a JSON array of ids left out of the count. INDEXED BY: without
+-- statistics SQLite would otherwise walk every task of the queue (tasks_queue_created).
+SELECT count(*) FROM tasks INDEXED BY tasks_runnable
+WHERE queue = :queue AND status IN ('pending', 'running')
   AND id NOT IN (SELECT value FROM json_each(:skip));
 
 -- name: recoveries
@@ -86,21 +94,33 @@ WHERE s.task_id = :id AND s.status = 'pending' AND t.status IN ('pending', 'runn
 ORDER BY s.idx LIMIT 1;
 
 -- name: step_running
-UPDATE steps SET status = 'running', attempts = attempts + 1
+-- A step waiting out its backoff (not_before) is not started before then.
+UPDATE steps SET status = 'running', attempts = attempts + 1, not_before = NULL
 WHERE task_id = :id AND idx = :idx AND status = 'pending'
+  AND (not_before IS NULL OR not_before <= :now)
 RETURNING attempts;
+
+-- name: step_due_in
+-- Why step_running matched nothing: seconds until a pending step is due (NULL: not pending).
+SELECT coalesce(not_before - :now, 0) FROM steps
+WHERE task_id = :id AND idx = :idx AND status = 'pending';
+
+-- name: step_progress
+UPDATE steps SET progress = :progress
+WHERE task_id = :id AND idx = :idx AND status = 'running';
 
 -- name: step_done
 UPDATE steps SET status = 'done', output = :output
 WHERE task_id = :id AND idx = :idx AND status = 'running';
 
 -- name: step_back
-UPDATE steps SET status = :status
+-- :delay NULL: due at once; otherwise not started again before now + delay.
+UPDATE steps SET status = :status, not_before = :now + :delay
 WHERE task_id = :id AND idx = :idx AND status = 'running'
-RETURNING attempts;
+RETURNING attempts, not_before;
 
 -- name: step_failed
-UPDATE steps SET status = 'failed' WHERE task_id = :id AND idx = :idx;
+UPDATE steps SET status = 'failed', not_before = NULL WHERE task_id = :id AND idx = :idx;
 
 -- name: events
 SELECT seq, ts, task_id, run_id, kind, step_idx, data FROM events WHERE task_id = :id ORDER BY seq;
@@ -123,6 +143,10 @@ SELECT name FROM pragma_table_info('steps');
 SELECT idx, tool, input, status, output, attempts, NULL, NULL, NULL FROM steps
 WHERE task_id = :id ORDER BY idx;
 
+-- name: get_task_v5
+-- SQLite only, read-only commands on a schema older than 0006 (no plan_sha256).
+SELECT id, goal, status, created_at, updated_at, lease_epoch, artifacts FROM tasks WHERE id = :id;
+
 -- name: get_task_unleased
 -- SQLite only, read-only commands on a schema older than 0002 (no lease_epoch).
 SELECT id, goal, status, created_at, updated_at, 0, NULL FROM tasks WHERE id = :id;
@@ -137,5 +161,156 @@ UPDATE tasks SET status = 'pending', lease_epoch = lease_epoch + 1, updated_at =
 WHERE id = :id AND status = 'failed';
 
 -- name: retry_step
-UPDATE steps SET status = 'pending', attempts = 0
+-- Progress is kept (the next attempt resumes from it); a pending wait is dropped.
+UPDATE steps SET status = 'pending', attempts = 0, not_before = NULL
 WHERE task_id = :id AND idx = :idx AND status = 'failed';
+
+-- Cancel, fork and plan integrity (ninelives.lineage).
+
+-- name: task_row_lock
+-- The task's row, locked for a cancel or a fork of it (SQLite: BEGIN IMMEDIATE).
+SELECT status FROM tasks WHERE id = :id;
+
+-- name: cancel_task
+-- No new epoch: a runner holding the task finds the fence closed and reads
+-- "cancelled" (exit 9) rather than "taken over" (exit 3).
+UPDATE tasks SET status = 'cancelled', updated_at = :now
+WHERE id = :id AND status NOT IN ('done', 'cancelled');
+
+-- name: fence_cancelled
+-- The fence for the commit a runner still owes after a cancel landed: the
+-- output (or error) of the step it was running, and nothing else.
+UPDATE tasks SET updated_at = :now
+WHERE id = :id AND lease_epoch = :epoch AND status = 'cancelled';
+
+-- name: insert_copied_step
+-- A fork's step before its --from: done with the source's output, no attempt of its own.
+INSERT INTO steps (task_id, idx, tool, input, status, output, attempts, policy)
+VALUES (:id, :idx, :tool, :input, 'done', :output, 0, :policy);
+
+-- name: appended_by
+-- Which turn appended each step (step_appended's "by"): a fork leaves out what
+-- its re-run turns append again.
+SELECT step_idx, data FROM events WHERE task_id = :id AND kind = 'step_appended';
+
+-- name: plan_sha256
+SELECT plan_sha256 FROM tasks WHERE id = :id;
+
+-- name: set_plan_sha256
+UPDATE tasks SET plan_sha256 = :plan_sha256 WHERE id = :id;
+
+-- name: recover_step
+-- One step of unknown outcome back to pending (on_unknown rerun, or a probe
+-- that found the effect had not happened).
+UPDATE steps SET status = 'pending' WHERE task_id = :id AND idx = :idx AND status = 'running';
+
+-- name: park_step
+-- A step parked for a person: blocked (unknown outcome) or waiting (approval).
+UPDATE steps SET status = :status
+WHERE task_id = :id AND idx = :idx AND status IN ('pending', 'running');
+
+-- name: park_task
+UPDATE tasks SET status = :status, updated_at = :now WHERE id = :id;
+
+-- name: settle_step
+-- A probe's answer for a step left running: done with its output, or blocked.
+UPDATE steps SET status = :status, output = :output
+WHERE task_id = :id AND idx = :idx AND status = 'running';
+
+-- name: decide_task
+-- A person's decision moves a parked task on under a new epoch, so that no
+-- runner from before it can commit to the task again.
+UPDATE tasks SET status = :status, lease_epoch = lease_epoch + 1, updated_at = :now
+WHERE id = :id AND status = :expect;
+
+-- name: decide_step
+UPDATE steps SET status = :status, output = :output
+WHERE task_id = :id AND idx = :idx AND status = :expect;
+
+-- name: blob_rows
+-- Outputs that are, or hold, a blob reference (ninelives.blobs): gc and doctor.
+SELECT task_id, idx, output FROM steps
+WHERE output LIKE '%"$blob"%' ORDER BY task_id, idx;
+
+-- Housekeeping (ls, gc, doctor). Each query reaches its rows through an index
+-- of migration 0007; tests/unit/test_query_plans.py checks that none scans a table.
+
+-- name: ls_page
+-- The newest tasks first, a page of ids (tasks_created).
+SELECT id FROM tasks ORDER BY created_at DESC, id DESC LIMIT :limit;
+
+-- name: ls_page_status
+SELECT id FROM tasks WHERE status = :status ORDER BY created_at DESC, id DESC LIMIT :limit;
+
+-- name: ls_page_queue
+SELECT id FROM tasks WHERE queue = :queue ORDER BY created_at DESC, id DESC LIMIT :limit;
+
+-- name: ls_page_status_queue
+SELECT id FROM tasks WHERE status = :status AND queue = :queue
+ORDER BY created_at DESC, id DESC LIMIT :limit;
+
+-- name: ls_rows
+-- One line of ls per id of a page (:ids, a JSON array): steps done of total,
+-- attempts, and the last event, each through the task's own keys.
+SELECT t.id, t.status, t.queue, t.goal, t.created_at, t.updated_at,
+    (SELECT count(*) FROM steps s WHERE s.task_id = t.id AND s.status = 'done'),
+    (SELECT count(*) FROM steps s WHERE s.task_id = t.id),
+    (SELECT coalesce(sum(s.attempts), 0) FROM steps s WHERE s.task_id = t.id),
+    (SELECT e.kind FROM events e WHERE e.task_id = t.id ORDER BY e.seq DESC LIMIT 1),
+    (SELECT e.ts FROM events e WHERE e.task_id = t.id ORDER BY e.seq DESC LIMIT 1)
+FROM tasks t WHERE t.id IN (SELECT value FROM json_each(:ids));
+
+-- name: gc_candidates
+-- Finished tasks of one status last changed before :before, oldest first,
+-- after (:after_ts, :after_id): a page at a time (tasks_status_updated).
+SELECT id, updated_at FROM tasks
+WHERE status = :status AND updated_at < :before AND (updated_at, id) > (:after_ts, :after_id)
+ORDER BY updated_at, id LIMIT :limit;
+
+-- name: gc_recheck
+-- Inside the deleting transaction: which of the page are still finished and
+-- old enough (a retry may have moved one back to pending meanwhile).
+SELECT id FROM tasks WHERE id IN (SELECT value FROM json_each(:ids))
+  AND status IN (SELECT value FROM json_each(:statuses)) AND updated_at < :before;
+
+-- name: gc_events
+-- The journal first, then the steps, then the task: one transaction, so a
+-- kill leaves all three or none.
+DELETE FROM events WHERE task_id IN (SELECT value FROM json_each(:ids));
+
+-- name: gc_steps
+DELETE FROM steps WHERE task_id IN (SELECT value FROM json_each(:ids));
+
+-- name: gc_tasks
+DELETE FROM tasks WHERE id IN (SELECT value FROM json_each(:ids));
+
+-- name: tasks_in_status
+-- doctor: the tasks of one status with their lease (tasks_status_updated).
+SELECT id, queue, lease_epoch, lease_owner, lease_expires_at, 0 FROM tasks WHERE status = :status;
+
+-- name: artifact_folders
+-- doctor: every folder tasks publish to, for orphaned temporary files.
+SELECT DISTINCT artifacts FROM tasks WHERE artifacts IS NOT NULL;
+
+-- name: dangling_rows
+-- doctor: journal events and steps whose task is gone (a delete that was not
+-- one transaction). Reads the whole journal's index: doctor only, never a hot path.
+SELECT 'events', count(*) FROM events e WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = e.task_id)
+UNION ALL
+SELECT 'steps', count(*) FROM steps s WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = s.task_id);
+
+-- name: delete_dangling_events
+DELETE FROM events WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = events.task_id);
+
+-- name: delete_dangling_steps
+DELETE FROM steps WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = steps.task_id);
+
+-- name: metric_tasks
+-- /metrics of `ninelives ui`: whole-table counts, read once per scrape.
+SELECT status, count(*) FROM tasks GROUP BY status;
+
+-- name: metric_steps
+SELECT status, count(*), coalesce(sum(attempts), 0) FROM steps GROUP BY status;
+
+-- name: metric_recoveries
+SELECT count(*) FROM events WHERE kind = 'step_recovered';

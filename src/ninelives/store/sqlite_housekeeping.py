@@ -1,0 +1,245 @@
+"""Housekeeping on SQLite: the reads of ``ls``, ``gc`` and ``doctor``, shared by the
+store and the read-only reader, and the writes of ``gc`` and ``doctor --fix``.
+
+Every query is named in ``sql/sqlite.sql`` and reaches its rows through an
+index (migration 0007), so a database of many finished tasks answers as fast
+as an empty one.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, TypeVar
+
+from .. import crashpoints
+from ..errors import StoreError
+from ..journal import dumps
+from ..locking import TaskLock, is_held, lock_folder, lock_path, remove_lock
+from ..models import Deleted, MetricCounts, TaskHold, TaskSummary
+from . import sql
+
+Q = sql.load_queries("sqlite")
+T = TypeVar("T")
+
+
+class SQLiteHousekeeping:
+    """The housekeeping reads; the class that mixes it in supplies :meth:`_reading`."""
+
+    url: str
+    path: str
+    #: A reader of a file without tables yet: every read answers "nothing".
+    _empty: bool = False
+
+    def _reading(self, read: Callable[[sqlite3.Connection], T]) -> T:
+        raise NotImplementedError
+
+    def list_tasks(
+        self, *, statuses: Sequence[str] = (), queue: str | None = None, limit: int = 50
+    ) -> list[TaskSummary]:
+        """The newest ``limit`` tasks (of ``statuses`` and ``queue`` when given),
+        newest first, each with its steps done, attempts and last event."""
+
+        def read(conn: sqlite3.Connection) -> list[TaskSummary]:
+            return _summaries(conn, _page(conn, statuses, queue, limit), limit)
+
+        return [] if self._empty else self._reading(read)
+
+    def gc_candidates(
+        self, status: str, before: float, *, after: tuple[float, str], limit: int
+    ) -> list[tuple[str, float]]:
+        """``(id, updated_at)`` of up to ``limit`` tasks of ``status`` last changed
+        before ``before`` and after the ``(updated_at, id)`` cursor ``after``, oldest first."""
+        params = {"status": status, "before": before, "after_ts": after[0],
+                  "after_id": after[1], "limit": limit}  # fmt: skip
+        if self._empty:
+            return []
+        return self._reading(
+            lambda conn: [(r[0], r[1]) for r in conn.execute(Q["gc_candidates"], params)]
+        )
+
+    def metric_counts(self) -> MetricCounts:
+        """Tasks and steps by status, all attempts, all recoveries (``/metrics``)."""
+        if self._empty:
+            return MetricCounts({}, {}, 0, 0)
+        return self._reading(_metric_counts)
+
+    def tasks_in_status(self, status: str) -> list[TaskHold]:
+        """The tasks of ``status`` with their epoch (no lease expires on SQLite)."""
+        if self._empty:
+            return []
+        rows = self._reading(
+            lambda conn: conn.execute(Q["tasks_in_status"], {"status": status}).fetchall()
+        )
+        return [TaskHold(r[0], r[1], r[2], r[3], r[4], False) for r in rows]
+
+    def expired_leases(self) -> list[tuple[str, str, int, str, float]]:
+        """None on SQLite: the kernel lock is the claim and dies with its process."""
+        return []
+
+    def artifact_folders(self) -> list[str]:
+        """Every artifacts folder recorded with a task."""
+        if self._empty:
+            return []
+        return self._reading(lambda conn: [r[0] for r in conn.execute(Q["artifact_folders"])])
+
+    def schema_version(self) -> tuple[int, int]:
+        """``(stored, newest this version knows)``."""
+        stored = self._reading(lambda conn: int(conn.execute("PRAGMA user_version").fetchone()[0]))
+        return stored, sql.migrations("sqlite")[-1][0]
+
+    def dangling_rows(self) -> dict[str, int]:
+        """How many journal events and steps belong to no stored task."""
+        if self._empty:
+            return {}
+        rows = self._reading(lambda conn: conn.execute(Q["dangling_rows"]).fetchall())
+        return {r[0]: int(r[1]) for r in rows if r[1]}
+
+    def is_held(self, task_id: str) -> bool:
+        """Whether a live process holds the task's kernel lock; creates no file."""
+        return is_held(self.path, task_id)
+
+    def lock_files(self) -> list[str]:
+        """The names in the lock folder (each a hash of a task id)."""
+        try:
+            return sorted(os.listdir(lock_folder(self.path)))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def wal_bytes(self) -> int:
+        """The size of the write-ahead log (0 when there is none)."""
+        try:
+            return os.stat(self.path + "-wal").st_size
+        except OSError:
+            return 0
+
+
+def _page(
+    conn: sqlite3.Connection, statuses: Sequence[str], queue: str | None, limit: int
+) -> list[str]:
+    if not statuses:
+        if queue is None:
+            return [r[0] for r in conn.execute(Q["ls_page"], {"limit": limit})]
+        return [r[0] for r in conn.execute(Q["ls_page_queue"], {"queue": queue, "limit": limit})]
+    ids: list[str] = []
+    # One indexed page per status, merged by the caller: an IN list would
+    # make SQLite sort every task of those statuses to find the newest few.
+    for status in statuses:
+        params = {"status": status, "queue": queue, "limit": limit}
+        name = "ls_page_status" if queue is None else "ls_page_status_queue"
+        ids.extend(r[0] for r in conn.execute(Q[name], params))
+    return ids
+
+
+def _summaries(conn: sqlite3.Connection, ids: list[str], limit: int) -> list[TaskSummary]:
+    if not ids:
+        return []
+    rows = conn.execute(Q["ls_rows"], {"ids": dumps(ids)}).fetchall()
+    return newest_first([TaskSummary.from_row(r) for r in rows], limit)
+
+
+def newest_first(found: list[TaskSummary], limit: int) -> list[TaskSummary]:
+    """The ``limit`` newest of ``found``, ordered as the page queries order them."""
+    return sorted(found, key=lambda s: (s.created_at, s.id), reverse=True)[:limit]
+
+
+class SQLiteHousekeepingWrites(SQLiteHousekeeping):
+    """The housekeeping writes of the store (not of the reader)."""
+
+    _conn: sqlite3.Connection
+
+    def _write(self) -> AbstractContextManager[sqlite3.Connection]:
+        raise NotImplementedError
+
+    def _lock(self, task_id: str) -> TaskLock:
+        raise NotImplementedError
+
+    def delete_tasks(self, ids: Sequence[str], statuses: Sequence[str], before: float) -> Deleted:
+        """Delete those of ``ids`` that are still of ``statuses`` and last changed
+        before ``before``, with their steps and journal, in one transaction;
+        tasks a live process holds are left. Their lock files are unlinked
+        inside the transaction, each under its lock: a kill leaves the tasks
+        with their rows and perhaps without a lock file (made again on demand),
+        or gone with their lock files, never a lock file of a task that is gone."""
+        locks = list(self._locks_of(ids))
+        try:
+            taken = [lock.task_id for lock in locks]
+            with self._write() as conn:
+                params = {"ids": dumps(taken), "statuses": dumps(list(statuses)), "before": before}
+                gone = [r[0] for r in conn.execute(Q["gc_recheck"], params)]
+                which = {"ids": dumps(gone)}
+                events = conn.execute(Q["gc_events"], which).rowcount
+                steps = conn.execute(Q["gc_steps"], which).rowcount
+                conn.execute(Q["gc_tasks"], which)
+                for lock in locks:
+                    if lock.task_id in gone:
+                        remove_lock(lock)
+                crashpoints.crash("gc_before_commit")
+        finally:
+            for lock in locks:
+                lock.release()
+        return Deleted(tasks=tuple(gone), steps=steps, events=events)
+
+    def _locks_of(self, ids: Sequence[str]) -> Iterator[TaskLock]:
+        """The locks of ``ids`` this process could take; a task held elsewhere is skipped."""
+        from ..errors import TaskBusy
+
+        for task_id in ids:
+            if not os.path.exists(lock_path(self.path, task_id)):
+                # No file, no holder: a runner starting now makes the file and
+                # then finds the task gone or changed (gc_recheck) in its claim.
+                yield TaskLock(self.path, task_id)
+                continue
+            try:
+                yield self._lock(task_id)
+            except TaskBusy:
+                continue
+
+    def delete_dangling(self) -> None:
+        """Delete the journal events and steps that belong to no stored task."""
+        with self._write() as conn:
+            conn.execute(Q["delete_dangling_events"])
+            conn.execute(Q["delete_dangling_steps"])
+
+    def checkpoint_wal(self) -> None:
+        """Copy the write-ahead log into the database and truncate it."""
+        try:
+            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"checkpoint of {self.url} failed: {exc}") from exc
+
+    def remove_lock_file(self, name: str) -> bool:
+        """Unlink lock file ``name`` of a task that is gone, under its lock; False
+        when a live process holds it (then it stays)."""
+        import errno
+        import fcntl
+
+        folder = lock_folder(self.path)
+        try:
+            fd = os.open(os.path.join(folder, name), os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return True
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    return False
+                raise
+            os.unlink(os.path.join(folder, name))
+            return True
+        finally:
+            os.close(fd)
+
+
+def _metric_counts(conn: Any) -> MetricCounts:
+    """The counts of ``/metrics`` in one read (a DB-API connection of either store)."""
+    tasks = {str(r[0]): int(r[1]) for r in conn.execute(Q["metric_tasks"])}
+    steps, attempts = {}, 0
+    for status, count, tried in conn.execute(Q["metric_steps"]):
+        steps[str(status)] = int(count)
+        attempts += int(tried)
+    recoveries = int(conn.execute(Q["metric_recoveries"]).fetchone()[0])
+    return MetricCounts(tasks, steps, attempts, recoveries)

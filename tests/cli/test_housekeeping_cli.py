@@ -1,0 +1,155 @@
+"""``ninelives ls``, ``gc`` and ``doctor`` as commands: output, exit codes, bad input
+(one line, exit 4, nothing changed), read-only reads, and what ``doctor --fix`` repairs."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from ninelives.locking import lock_folder
+from ninelives.testing import Lab
+
+TASKS = ("a", "b", "c")
+
+
+def _tasks(lab: Lab) -> None:
+    """a and b done, c pending (in queue q)."""
+    lab.guide_setup()
+    for task_id in ("a", "b"):
+        assert lab.cli("create", task_id, "plan.json").returncode == 0
+        assert lab.cli("run", task_id).returncode == 0
+    assert lab.cli("submit", "c", "plan.json", "--queue", "q").returncode == 0
+
+
+def _one_line_error(result: object, code: int, text: str) -> None:
+    assert result.returncode == code, result  # type: ignore[attr-defined]
+    lines = result.stderr.splitlines()  # type: ignore[attr-defined]
+    assert len(lines) == 1, lines
+    assert text in lines[0], lines
+    assert "Traceback" not in lines[0], lines
+
+
+def test_ls_lists_newest_first_as_json(lab: Lab) -> None:
+    _tasks(lab)
+    listed = lab.cli("ls", "--json").jsonl()
+    assert [t["task"] for t in listed] == ["c", "b", "a"]
+    c, _, a = listed
+    assert (a["status"], a["steps_done"], a["steps_total"], a["attempts"], a["last_event"]) == (
+        "done", 3, 3, 3, "task_done",
+    )  # fmt: skip
+    assert (c["status"], c["queue"], c["last_event"]) == ("pending", "q", "task_created")
+    assert 0 <= a["age"] < 600
+    assert [t["task"] for t in lab.cli("ls", "--status", "done", "--limit", "1").jsonl()] == ["b"]
+    assert [t["task"] for t in lab.cli("ls", "--queue", "q").jsonl()] == ["c"]
+
+
+def test_gc_removes_finished_tasks_and_says_which(lab: Lab) -> None:
+    _tasks(lab)
+    before = lab.fingerprint(*TASKS)
+    dry = lab.cli("gc", "--older-than", "0s", "--dry-run")
+    assert dry.returncode == 0, dry
+    assert sorted(dry.stdout.splitlines()[:2]) == ["would remove a (done)", "would remove b (done)"]
+    assert lab.fingerprint(*TASKS) == before  # a dry run changes nothing
+    assert lab.cli("gc", "--older-than", "1h", "--json").json()["tasks"] == 0  # too recent
+    report = lab.cli("gc", "--older-than", "0s", "--json").json()
+    assert (report["tasks"], report["steps"], report["events"]) == (2, 6, 18)
+    assert sorted(r["task"] for r in report["removed"]) == ["a", "b"]
+    assert lab.cli("status", "a").returncode == 1
+    assert lab.cli("status", "c").returncode == 0
+    assert (lab.artifacts_dir / "a-2.md").exists()  # artifacts are the user's: kept
+
+
+@pytest.mark.parametrize(
+    ("args", "text"),
+    [
+        (("gc", "--older-than", "3x"), "duration '3x'"),
+        (("gc", "--older-than=-1d"), "duration '-1d'"),
+        (("gc", "--older-than", "-1d"), "expected one argument"),
+        (("gc", "--older-than", ""), "duration ''"),
+        (("gc",), "--older-than"),
+        (("gc", "--older-than", "1d", "--status", "running"), "status running"),
+        (("gc", "--older-than", "1d", "--batch", "0"), "--batch"),
+        (("ls", "--status", "bogus"), "status bogus"),
+        (("ls", "--limit", "0"), "--limit"),
+        (("ls", "--queue", "../x"), "invalid queue name"),
+        (("doctor", "--fix", "extra"), "unrecognized arguments"),
+    ],
+)
+def test_bad_input_is_one_line_exit_4_and_changes_nothing(
+    lab: Lab, args: tuple[str, ...], text: str
+) -> None:
+    _tasks(lab)
+    before = lab.fingerprint(*TASKS)
+    _one_line_error(lab.cli(*args), 4, text)
+    assert lab.fingerprint(*TASKS) == before
+    # control: the same command with good input is accepted
+    good = {"gc": ("gc", "--older-than", "30d"), "ls": ("ls",), "doctor": ("doctor",)}
+    assert lab.cli(*good[args[0]]).returncode == 0
+
+
+@pytest.mark.parametrize("command", [("ls",), ("gc", "--older-than", "1d"), ("doctor",)])
+def test_no_database_is_exit_5_and_creates_nothing(
+    sqlite_lab: Lab, command: tuple[str, ...]
+) -> None:
+    _one_line_error(sqlite_lab.cli(*command), 5, "no database at state.db")
+    assert sqlite_lab.files() == {}
+
+
+def test_ls_and_doctor_never_write(sqlite_lab: Lab) -> None:
+    lab = sqlite_lab
+    _tasks(lab)
+    Path(lock_folder(str(lab.sqlite_path)), "0" * 32 + ".lock").write_bytes(b"")  # a finding
+    before = lab.files()
+    assert lab.cli("ls").returncode == 0
+    assert lab.cli("doctor").returncode == 7
+    assert lab.cli("gc", "--older-than", "0s", "--dry-run").returncode == 0
+    assert lab.files() == before
+
+
+def test_doctor_finds_stale_lock_and_temp_files_and_fixes_them(sqlite_lab: Lab) -> None:
+    lab = sqlite_lab
+    _tasks(lab)
+    assert lab.cli("doctor").stdout == "doctor: no findings\n"
+    stale = Path(lock_folder(str(lab.sqlite_path)), "0" * 32 + ".lock")
+    stale.write_bytes(b"")
+    old = lab.artifacts_dir / ".gone-2.md.0123456789abcdef.tmp"
+    old.write_text("half", encoding="utf-8")
+    hour_ago = time.time() - 3600
+    os.utime(old, (hour_ago, hour_ago))
+    fresh = lab.artifacts_dir / ".live-2.md.fedcba9876543210.tmp"  # a write under way
+    fresh.write_text("half", encoding="utf-8")
+    found = lab.cli("doctor", "--json")
+    assert found.returncode == 7
+    report = found.json()
+    assert report["ok"] is False
+    kinds = sorted((f["kind"], Path(f["subject"]).name) for f in report["findings"])
+    assert kinds == [("lock", stale.name), ("temp", old.name)]
+    assert all("ninelives doctor --fix" in f["fix"] for f in report["findings"])
+    fixed = lab.cli("doctor", "--fix")
+    assert fixed.returncode == 0, fixed
+    assert not stale.exists()
+    assert not old.exists()
+    assert fresh.exists()
+    assert lab.cli("doctor").returncode == 0
+
+
+def test_doctor_names_a_killed_task_and_its_fix(lab: Lab) -> None:
+    lab.guide_setup()
+    assert lab.cli("create", "k", "plan.json").returncode == 0
+    assert lab.cli("run", "k", AGENT_CRASH_AT="after_effect:1").returncode == -9
+    found = lab.cli("doctor")
+    assert found.returncode == 7
+    [line, summary] = found.stdout.splitlines()
+    assert line.startswith("running: k: running, but ")
+    assert line.endswith("(fix: ninelives run k)")
+    assert summary == "doctor: 1 finding(s)"
+    assert lab.cli("run", "k").returncode == 0
+    assert json.loads(lab.cli("doctor", "--json").stdout) == {
+        "ok": True,
+        "findings": [],
+        "fixed": [],
+    }

@@ -1,0 +1,225 @@
+"""``ninelives ui``: a real server on 127.0.0.1, read with urllib and a headless Chromium."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import shutil
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import browser
+from ninelives.testing import Lab
+
+HOSTILE = "<script>document.documentElement.setAttribute('data-pwned','1')</script>"
+
+
+class View:
+    """A running ``ninelives ui`` and what it serves."""
+
+    def __init__(self, lab: Lab, *args: str) -> None:
+        self.proc = lab.spawn("ui", "--port", "0", *args)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        found = re.match(r"serving (http://127\.0\.0\.1:\d+/) \(read-only", line)
+        assert found, (line, self.proc.stderr.read() if self.proc.poll() is not None else "")
+        self.base = found.group(1)
+
+    def get(self, path: str, **headers: str) -> tuple[int, str, str]:
+        request = urllib.request.Request(self.base + path.lstrip("/"), headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return answer.status, answer.headers["Content-Type"], answer.read().decode()
+        except urllib.error.HTTPError as exc:
+            with exc:
+                return exc.code, exc.headers["Content-Type"], exc.read().decode()
+
+    def json(self, path: str) -> Any:
+        code, kind, body = self.get(path)
+        assert (code, kind) == (200, "application/json"), body
+        return json.loads(body)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+@pytest.fixture
+def view_of(lab: Lab) -> Iterator[Any]:
+    views: list[View] = []
+
+    def start(*args: str) -> View:
+        views.append(View(lab, *args))
+        return views[-1]
+
+    yield start
+    for v in views:
+        v.close()
+
+
+def _tasks(lab: Lab) -> None:
+    """A task killed twice and resumed, a failed one and a pending one in a queue."""
+    lab.guide_setup()
+    assert lab.cli("create", "t", "plan.json").returncode == 0
+    assert lab.cli("run", "t", AGENT_CRASH_AT="after_effect:1").returncode == -9
+    assert lab.cli("run", "t", AGENT_CRASH_AT="before_effect:2").returncode == -9
+    assert lab.cli("run", "t").returncode == 0
+    lab.write_plan({"goal": HOSTILE, "steps": [{"tool": "fetch", "input": {"path": "none"}}]},
+                   "bad.json")  # fmt: skip
+    assert lab.cli("create", "f", "bad.json").returncode == 0
+    assert lab.cli("run", "f").returncode == 2
+    assert lab.cli("create", "q", "plan.json", "--queue", "nightly").returncode == 0
+
+
+def test_the_list_is_in_the_html_and_the_api(lab: Lab, view_of: Any) -> None:
+    _tasks(lab)
+    view = view_of()
+    code, kind, page = view.get("/")
+    assert (code, kind) == (200, "text/html; charset=utf-8")
+    assert re.findall(r'<tr class="task s-([a-z]+)"><td><a href="/task/(\w+)">', page) == [
+        ("pending", "q"),
+        ("failed", "f"),
+        ("done", "t"),
+    ]  # fmt: skip  (newest first)
+    assert 'http-equiv="refresh"' in page  # a pending task: the page keeps itself fresh
+    api = view.json("/api/tasks")
+    assert [(t["task"], t["status"], t["steps_done"], t["steps_total"]) for t in api["tasks"]] == [
+        ("q", "pending", 0, 3), ("f", "failed", 0, 1), ("t", "done", 3, 3),
+    ]  # fmt: skip
+    assert api["more"] is False
+    assert [t["task"] for t in view.json("/api/tasks?status=done")["tasks"]] == ["t"]
+    assert [t["task"] for t in view.json("/api/tasks?queue=nightly")["tasks"]] == ["q"]
+    done_only = view.get("/?status=done")[2]
+    assert 'http-equiv="refresh"' not in done_only  # nothing left to change
+    assert view.json("/api/tasks/t")["steps"][2]["attempts"] == 2
+    assert view.get("/api/tasks?status=nope")[0] == 400
+    assert view.get("/api/tasks?page=x")[0] == 400
+    assert view.get("/task/..%2f..%2fetc")[0] == 400
+    assert view.get("/task/nope")[0] == 404
+    assert view.get("/nothing")[0] == 404
+
+
+def test_pages_load_in_chromium_and_a_hostile_goal_stays_text(
+    lab: Lab, view_of: Any, tmp_path: Path
+) -> None:
+    _tasks(lab)
+    view = view_of()
+    dom = browser.dom(view.base)
+    assert len(re.findall(r'<tr class="task ', dom)) == 3
+    assert "data-pwned" not in dom.split("<body", 1)[0]
+    goal = re.search(r'<tr class="task s-failed">.*?<td class="goal">(.*?)</td>', dom, re.S)
+    assert goal is not None
+    assert "<" not in goal.group(1)
+    assert html.unescape(goal.group(1)) == HOSTILE
+    timeline = browser.dom(view.base + "task/t")
+    assert len(re.findall(r'<g class="attempt killed"', timeline)) == 2
+    assert len(re.findall(r'<g class="mark recovered"', timeline)) == 2
+    shot = browser.screenshot(view.base, tmp_path / "ui.png", height=420)
+    keep = os.environ.get("NINELIVES_SCREENSHOTS")
+    if keep:
+        shutil.copy(shot, Path(keep) / "ui.png")
+
+
+def test_paging_keeps_the_filters(lab: Lab, view_of: Any) -> None:
+    from ninelives.runtime import open as open_runtime
+
+    lab.guide_setup()
+    url = lab.db if "://" in lab.db else str(lab.root / lab.db)
+    with open_runtime(url) as rt:
+        for n in range(55):
+            rt.create(f"t{n:02d}", lab.root / "plan.json", queue="many")
+    view = view_of()
+    first = view.json("/api/tasks?queue=many")
+    assert len(first["tasks"]) == 50
+    assert first["more"] is True
+    second = view.json("/api/tasks?queue=many&page=1")
+    assert [t["task"] for t in second["tasks"]] == [f"t{n:02d}" for n in range(4, -1, -1)]
+    assert second["more"] is False
+    page = view.get("/?queue=many")[2]
+    assert '<a rel="next" href="/?queue=many&amp;page=1">older →</a>' in page
+
+
+def test_metrics_count_tasks_steps_attempts_and_recoveries(lab: Lab, view_of: Any) -> None:
+    _tasks(lab)
+    code, kind, text = view_of().get("/metrics")
+    assert code == 200
+    assert kind.startswith("text/plain; version=0.0.4")
+    values = dict(re.findall(r"^(ninelives_\S+) (\d+)$", text, re.M))
+    assert values['ninelives_tasks{status="done"}'] == "1"
+    assert values['ninelives_tasks{status="failed"}'] == "1"
+    assert values['ninelives_tasks{status="pending"}'] == "1"
+    assert values["ninelives_step_recoveries"] == "2"
+    assert values['ninelives_steps{status="done"}'] == "3"
+
+
+def test_it_is_read_only_and_answers_only_its_own_name(lab: Lab, view_of: Any) -> None:
+    _tasks(lab)
+    before = lab.fingerprint("t", "f", "q")
+    view = view_of()
+    assert view.get("/", Host="evil.example:80")[0] == 421  # DNS rebinding: refused
+    port = view.base.rsplit(":", 1)[1].strip("/")
+    assert view.get("/", Host=f"localhost:{port}")[0] == 200
+    request = urllib.request.Request(view.base + "api/tasks", data=b"{}", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as posted:
+        urllib.request.urlopen(request, timeout=30)
+    assert posted.value.code == 405
+    posted.value.close()
+    code, _, page = view.get("/task/t")
+    assert code == 200
+    assert "Content-Security-Policy" in page  # the report's own, besides the header
+    assert lab.fingerprint("t", "f", "q") == before
+
+
+def test_other_hosts_need_an_explicit_flag(lab: Lab) -> None:
+    lab.guide_setup()
+    assert lab.cli("create", "t", "plan.json").returncode == 0
+    refused = lab.cli("ui", "--host", "0.0.0.0", "--port", "0")
+    assert refused.returncode == 4
+    assert refused.stderr.count("\n") == 1
+    assert "--allow-remote" in refused.stderr
+    proc = lab.spawn("ui", "--host", "0.0.0.0", "--port", "0", "--allow-remote")
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("serving http://0.0.0.0:")
+        assert proc.stderr is not None
+        assert "WARNING: serving 0.0.0.0:" in proc.stderr.readline()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    missing = lab.cli("--db", str(lab.root / "none.db"), "ui", "--port", "0")
+    assert missing.returncode == 5
+
+
+@pytest.mark.postgres
+def test_the_fleet_view_shows_a_workers_lease_and_task(pg_database: str, tmp_path: Path) -> None:
+    lab = Lab(tmp_path / "lab", db=pg_database)
+    try:
+        lab.guide_setup()
+        assert lab.cli("submit", "w", "plan.json").returncode == 0
+        lab.spawn("worker", "--lease", "5", "--heartbeat", "1", "--poll", "0.05",
+                  AGENT_STEP_DELAY="60")  # fmt: skip
+        view = View(lab)
+        try:
+            deadline = time.monotonic() + 60
+            while not (fleet := view.json("/api/tasks")["fleet"]):
+                assert time.monotonic() < deadline, "the worker never claimed the task"
+                time.sleep(0.1)
+            [worker] = fleet
+            assert worker["live"] is True
+            assert [t["task"] for t in worker["tasks"]] == ["w"]
+            assert 0 < worker["tasks"][0]["lease_left"] <= 5
+            page = view.get("/")[2]
+            assert '<table class="fleet">' in page
+            assert '<a href="/task/w">w</a>' in page
+        finally:
+            view.close()
+    finally:
+        lab.reap()
