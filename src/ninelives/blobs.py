@@ -165,6 +165,10 @@ class Blobs(Protocol):
         ...
 
 
+#: What follows ``.TASK-`` in the name of a blob's temporary file (tag ``TASK-IDX``).
+_TEMP_TAIL = re.compile(r"\d+\.[0-9a-f]{16}\.tmp")
+
+
 # -- resolving rows --------------------------------------------------------------
 
 
@@ -392,8 +396,12 @@ class FolderBlobs:
         return True
 
     def remove_orphans(self, task_id: str) -> None:
-        pattern = re.compile(rf"\.{re.escape(task_id)}-\d+\.[0-9a-f]{{16}}\.tmp")
-        self._remove_temps(pattern.fullmatch, None)
+        prefix = f".{task_id}-"  # a prefix test first: no pattern compiled per task
+
+        def match(name: str) -> bool:
+            return name.startswith(prefix) and _TEMP_TAIL.fullmatch(name, len(prefix)) is not None
+
+        self._remove_temps(match, None)
 
     def remove_temps(self, older_than: float) -> list[str]:
         return self._remove_temps(lambda name: True, older_than)

@@ -48,8 +48,10 @@ POINTS: dict[str, str] = {
 Handler = Callable[[str, int | None], None]
 _handler: Handler | None = None
 
-_target: tuple[str, int | None] | None = None
-_parsed_from: str | None = None
+#: ``AGENT_CRASH_AT`` parsed (None: unset) and ``NINELIVES_CRASH_PAUSE``, read from
+#: the environment once, at the first point a process reaches: a run passes a
+#: dozen points per task, and they are test hooks set before a process starts.
+_env: tuple[tuple[str, int | None] | None, str] | None = None
 
 
 def parse(value: str) -> tuple[str, int | None]:
@@ -70,20 +72,19 @@ def crash(point: str, step: int | None = None) -> None:
     ``POINT`` alone matches every step; ``POINT:IDX`` matches step IDX only.
     With a handler set (:func:`set_handler`), the handler is called instead.
     """
-    global _target, _parsed_from
+    global _env
     if _handler is not None:
         _handler(point, step)
         return
-    pause = os.environ.get("NINELIVES_CRASH_PAUSE")
+    if _env is None:
+        value = os.environ.get("AGENT_CRASH_AT", "")
+        _env = (parse(value) if value else None, os.environ.get("NINELIVES_CRASH_PAUSE", ""))
+    target, pause = _env
     if pause:
         _pause(pause)
-    value = os.environ.get("AGENT_CRASH_AT", "")
-    if not value:
+    if target is None:
         return
-    if value != _parsed_from:
-        _target, _parsed_from = parse(value), value
-    assert _target is not None
-    name, idx = _target
+    name, idx = target
     if name == point and (idx is None or idx == step):
         os.kill(os.getpid(), signal.SIGKILL)
 

@@ -29,9 +29,13 @@ def dumps(value: Any) -> str:
     becoming ``NaN``/``Infinity``, which SQLite's ``json_extract``, PostgreSQL's
     ``jsonb`` and most JSON readers refuse.
     """
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
+    return _CANONICAL.encode(value)
+
+
+# One encoder for every call: json.dumps with options builds a new one each time.
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
 
 
 def storable(value: Any, what: str) -> str:

@@ -264,9 +264,6 @@ class Runtime:
         :class:`~ninelives.errors.CommitUnknown` if a commit fails: then it stops
         without another write, and the next run recovers.
         """
-        if self.settings.artifacts != DEFAULT_ARTIFACTS:
-            # Checked before the claim, so a refusal leaves nothing journaled.
-            self._check_artifacts(self.store.get_task(task_id))
         # The claim transaction also starts the first pending step: with it, a
         # run costs exactly two commits per step, the floor of this design.
         run, task = self.store.begin_run(
@@ -318,11 +315,14 @@ class Runtime:
             return None
 
     def _claimable(self, task: Task) -> None:
-        """``run``'s check before its claim: a parked task stops it with nothing written."""
+        """``run``'s check before its claim: a parked task, a missing tool or another
+        artifacts folder stops it with nothing written."""
         from .parking import refuse_parked
 
         refuse_parked(task)
         self.resolve_tools(task)
+        if self.settings.artifacts != DEFAULT_ARTIFACTS:
+            self._check_artifacts(task)
 
     def unknown_modes(self) -> Callable[[Step], str]:
         """``on_unknown(step)`` for a claim: each step's mode for an unknown outcome."""
@@ -373,6 +373,8 @@ class Runtime:
         if run.recovered:
             self._say(f"{task_id}: recovered step(s) {list(run.recovered)} left running")
         if task.status is TaskStatus.FAILED:
+            if run.recovered:  # this claim failed it (the recovery limit): clean up still
+                self._remove_orphans(task)
             raise TaskFailed(
                 f"task {task_id!r} has failed ({self._failure(task_id)}); it is not run "
                 f"again until 'ninelives retry {task_id}' moves it back to pending"
@@ -385,11 +387,14 @@ class Runtime:
             raise cancelled(task_id)
         crashpoints.crash("after_recovery")  # the claim may have parked it: see after_claim
         from . import blobs
-        from .tools.effects import _TASK_ARTIFACTS, remove_orphans
+        from .tools.effects import _TASK_ARTIFACTS
 
         folder = self._artifacts_for(task)
-        remove_orphans(folder, task_id, log=self._log)
-        self.store.blobs.remove_orphans(task_id)
+        if run.recovered or any(s.attempts and s.status is StepStatus.PENDING for s in task.steps):
+            # Only an attempt that died leaves temporary files: its step is found
+            # running, or pending again if a kill came after the recovery's commit.
+            # A fresh task skips listing folders that grow with every task.
+            self._remove_orphans(task, folder)
         token = _TASK_ARTIFACTS.set(folder)
         blob_token = blobs.CURRENT.set((self.store.blobs, task_id))
         try:
@@ -400,6 +405,13 @@ class Runtime:
         finally:
             blobs.CURRENT.reset(blob_token)
             _TASK_ARTIFACTS.reset(token)
+
+    def _remove_orphans(self, task: Task, folder: str | None = None) -> None:
+        """Delete the temporary files (artifacts, blobs) a killed run of ``task`` left."""
+        from .tools.effects import remove_orphans
+
+        remove_orphans(folder or self._artifacts_for(task), task.id, log=self._log)
+        self.store.blobs.remove_orphans(task.id)
 
     def _artifacts_for(self, task: Task) -> str:
         """The folder this task publishes to: the one recorded at create; the

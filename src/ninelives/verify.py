@@ -507,7 +507,7 @@ def check_artifacts(task: Task, events: Sequence[Event], folder: str) -> list[Vi
     """Each published artifact exists in ``folder`` and matches its recorded
     ``sha256`` (and ``bytes``); no temporary file of this task is left behind."""
     from .tools import files
-    from .tools.effects import temp_pattern
+    from .tools.effects import is_temp_of
 
     found: list[Violation] = []
 
@@ -553,9 +553,8 @@ def check_artifacts(task: Task, events: Sequence[Event], folder: str) -> list[Vi
     except OSError as exc:
         add("artifacts_unreadable", f"cannot list {folder}: {exc.strerror}")
         names = []
-    pattern = temp_pattern(task.id)
     for name in names:
-        if pattern.fullmatch(name):
+        if is_temp_of(task.id, name):
             add("stray_temp", f"temporary file {name} left in {folder}")
     return found
 

@@ -30,6 +30,13 @@ def created(lab: Lab, task_id: str = "t") -> None:
     assert lab.cli("create", task_id, "plan.json").returncode == 0
 
 
+def killed_before_publishing(lab: Lab, task_id: str = "t") -> None:
+    """Leave step 2 (publish) running, as a kill does: only then does the next run
+    look for the temporary files a dead attempt may have left."""
+    result = lab.cli("run", task_id, AGENT_CRASH_AT="before_effect:2")
+    assert result.returncode == -9, result
+
+
 def errors(lab: Lab, task_id: str = "t") -> list[str]:
     return [e["error"] for e in lab.snapshot(task_id).events if e["kind"] == "step_error"]
 
@@ -169,8 +176,9 @@ def test_a_folder_under_a_temp_name_does_not_block_the_task(lab: Lab) -> None:
     planted = lab.root / "artifacts" / ".t-2.md.0123456789abcdef.tmp"
     planted.mkdir(parents=True)
     (planted / "inside").write_text("x", encoding="utf-8")
-    # Every run of the task, not only the first: one killed after step 0, one to the end.
-    for crash, code in (("after_commit:0", -9), ("", 0)):
+    killed_before_publishing(lab)
+    # Every run that recovers, not only the first: one killed again, one to the end.
+    for crash, code in (("before_effect:2", -9), ("", 0)):
         result = lab.cli("run", "t", AGENT_CRASH_AT=crash)
         assert result.returncode == code, result
         assert "Traceback" not in result.stderr
@@ -185,6 +193,7 @@ def test_an_artifacts_folder_that_cannot_be_listed_does_not_block_the_task(lab: 
     lab.base_env["AGENT_ARTIFACTS"] = "loop"  # recorded with the task at create
     created(lab)
     os.symlink("loop", lab.root / "loop")
+    killed_before_publishing(lab)
     result = lab.cli("run", "t")  # listing it fails with ELOOP
     assert result.returncode == 2, result  # publishing there fails too, as a step error
     assert "Traceback" not in result.stderr
@@ -193,8 +202,9 @@ def test_an_artifacts_folder_that_cannot_be_listed_does_not_block_the_task(lab: 
 
 def test_a_temp_file_that_cannot_be_unlinked_does_not_block_the_task(lab: Lab) -> None:
     created(lab)
+    killed_before_publishing(lab)
     planted = lab.root / "artifacts" / ".t-2.md.fedcba9876543210.tmp"
-    planted.parent.mkdir()
+    planted.parent.mkdir(exist_ok=True)
     planted.write_text("stuck", encoding="utf-8")
     # An immutable file: unlink fails with EPERM even for root, as a file of
     # another user in a shared sticky folder does for everyone else.
@@ -214,6 +224,7 @@ def test_a_temp_file_that_cannot_be_unlinked_does_not_block_the_task(lab: Lab) -
 def test_removable_orphans_are_still_removed_quietly(lab: Lab) -> None:
     # The control: an ordinary orphan is removed and nothing is said about it.
     created(lab)
+    killed_before_publishing(lab)
     lab.write("artifacts/.t-2.md.0123456789abcdef.tmp", "orphan")
     result = lab.cli("run", "t")
     assert result.returncode == 0, result

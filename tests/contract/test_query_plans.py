@@ -16,7 +16,7 @@ from ninelives.store import sql
 HOT = (
     "get_task", "get_steps", "task_id_taken", "claim", "running_steps", "recover_steps",
     "recoveries", "first_pending", "step_running", "step_done", "step_back", "step_failed",
-    "fail_task", "fence", "events", "unfinished", "claim_candidates", "claim_next",
+    "fail_task", "fence", "fence_read", "events", "unfinished", "claim_candidates", "claim_next",
     "lease_state", "holder_gone", "abandon", "renew", "release", "retry_task", "retry_step",
     "ls_page", "ls_page_status", "ls_page_queue", "ls_page_status_queue", "ls_rows",
     "gc_candidates", "gc_recheck", "gc_events", "gc_steps", "gc_tasks", "tasks_in_status",

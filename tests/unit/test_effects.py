@@ -10,7 +10,7 @@ import pytest
 
 from ninelives.errors import ToolError
 from ninelives.tools.builtin import stub_summary
-from ninelives.tools.effects import append_unsafe, publish_once, remove_orphans, temp_pattern
+from ninelives.tools.effects import append_unsafe, publish_once, is_temp_of, remove_orphans
 
 TEXT = b"Line one\nLine two\nLine three"
 
@@ -90,10 +90,9 @@ def test_unsafe_append_is_not_idempotent(tmp_path: Path) -> None:
     assert Path(path).read_bytes() == b"summary\n---\n" * 2
 
 
-def test_temp_pattern_names_only_that_tasks_temp_files() -> None:
-    pattern = temp_pattern("t1")
-    assert pattern.fullmatch(".t1-2.md.0123456789abcdef.tmp")
-    assert pattern.fullmatch(".t1-10.md.ffffffffffffffff.tmp")
+def test_temp_names_of_only_that_task() -> None:
+    assert is_temp_of("t1", ".t1-2.md.0123456789abcdef.tmp")
+    assert is_temp_of("t1", ".t1-10.md.ffffffffffffffff.tmp")
     for other in [
         ".t10-2.md.0123456789abcdef.tmp",  # another task whose id starts the same
         ".t1-2-3.md.0123456789abcdef.tmp",  # task "t1-2", step 3
@@ -102,9 +101,9 @@ def test_temp_pattern_names_only_that_tasks_temp_files() -> None:
         "t1-2.md",  # the artifact itself
         ".t1-x.md.0123456789abcdef.tmp",
     ]:
-        assert not pattern.fullmatch(other), other
-    assert temp_pattern("a.b").fullmatch(".a.b-0.md.0123456789abcdef.tmp")
-    assert not temp_pattern("a.b").fullmatch(".aXb-0.md.0123456789abcdef.tmp")
+        assert not is_temp_of("t1", other), other
+    assert is_temp_of("a.b", ".a.b-0.md.0123456789abcdef.tmp")
+    assert not is_temp_of("a.b", ".aXb-0.md.0123456789abcdef.tmp")
 
 
 def test_remove_orphans_touches_only_the_tasks_own_temp_files(tmp_path: Path) -> None:

@@ -282,15 +282,16 @@ class SQLiteStore(SQLiteHousekeepingWrites):
         )
 
     def _fence(self, conn: sqlite3.Connection, run: Run, status: TaskStatus, now: float) -> None:
-        cur = conn.execute(
-            Q["fence" if self._fencing else "fence_unchecked"],
-            {"status": status.value, "now": now, "id": run.task_id, "epoch": run.epoch},
-        )
-        if cur.rowcount != 1:
-            raise LeaseLost(
-                f"task {run.task_id!r} was taken over by another runner (epoch {run.epoch} "
-                "is no longer current); this runner stops without writing"
-            )
+        params = {"status": status.value, "now": now, "id": run.task_id, "epoch": run.epoch}
+        if status is TaskStatus.RUNNING:  # the common case: a step inside a run
+            query = Q["fence_read" if self._fencing else "fence_read_unchecked"]
+            row = conn.execute(query, params).fetchone()
+            if row is None:
+                raise _lease_lost(run)
+            if row[0] == TaskStatus.RUNNING.value:
+                return
+        if conn.execute(Q["fence" if self._fencing else "fence_unchecked"], params).rowcount != 1:
+            raise _lease_lost(run)
 
     # -- the Store protocol -------------------------------------------------
 
@@ -312,19 +313,17 @@ class SQLiteStore(SQLiteHousekeepingWrites):
                     {"id": task_id, "goal": plan.goal, "now": now, "queue": queue,
                      "artifacts": artifacts, "plan_sha256": digest},
                 )  # fmt: skip
-                conn.executemany(
-                    Q["insert_step"],
-                    [
-                        {
-                            "id": task_id,
-                            "idx": i,
-                            "tool": s.tool,
-                            "input": dumps(s.input),
-                            "policy": dumps(s.policy) if s.policy else None,
-                        }
-                        for i, s in enumerate(plan.steps)
-                    ],
-                )
+                rows = [
+                    {
+                        "id": task_id,
+                        "idx": i,
+                        "tool": s.tool,
+                        "input": dumps(s.input),
+                        "policy": dumps(s.policy) if s.policy else None,
+                    }
+                    for i, s in enumerate(plan.steps)
+                ]
+                conn.executemany(Q["insert_step"], rows)
                 self._event(
                     conn, task_id, run_id, EventKind.TASK_CREATED, None,
                     {"steps": len(plan.steps)}, now,
@@ -332,19 +331,30 @@ class SQLiteStore(SQLiteHousekeepingWrites):
                 crashpoints.crash("create_before_commit")
         except sqlite3.IntegrityError as exc:
             raise TaskExists(f"task {task_id!r} already exists") from exc
-        return self.get_task(task_id)
+        # The task as stored, built from what was written rather than read back.
+        steps = tuple(
+            Step.from_row(task_id, (r["idx"], r["tool"], r["input"], "pending", None, 0,
+                                    r["policy"], None, None))
+            for r in rows
+        )  # fmt: skip
+        return Task(
+            id=task_id, goal=plan.goal, status=TaskStatus.PENDING, created_at=now,
+            updated_at=now, steps=steps, artifacts=artifacts, plan_sha256=digest,
+        )  # fmt: skip
 
     def get_task(self, task_id: str) -> Task:
         with self._read() as conn:
             return self._load(conn, task_id)
 
-    def _load(self, conn: sqlite3.Connection, task_id: str) -> Task:
+    def _load(self, conn: sqlite3.Connection, task_id: str, *, resolve: bool = True) -> Task:
+        """The task and its steps; outputs stored as blobs read back (checked)
+        unless ``resolve`` is False (left as their references)."""
         row = conn.execute(Q["get_task"], {"id": task_id}).fetchone()
         if row is None:
             raise UnknownTask(f"unknown task {task_id!r}")
         steps = conn.execute(Q["get_steps"], {"id": task_id})
         task = Task.from_row(row, tuple(Step.from_row(task_id, r) for r in steps))
-        return resolve_task(task, self.blobs)
+        return resolve_task(task, self.blobs) if resolve else task
 
     def task_ids(self) -> list[str]:
         with self._read() as conn:
@@ -364,8 +374,8 @@ class SQLiteStore(SQLiteHousekeepingWrites):
         # UnknownTask, DamagedTask, a cancel, an edited plan and a refusal by
         # ``check`` come before any lock file is made: a task that cannot run
         # here leaves no trace.
-        with self._read() as conn:
-            found = self._load(conn, task_id)
+        with self._read() as conn:  # the checks need no output: blobs are not read
+            found = self._load(conn, task_id, resolve=False)
         if found.status is TaskStatus.CANCELLED:
             raise lineage.cancelled(task_id)
         lineage.check_plan(found)
@@ -465,8 +475,8 @@ class SQLiteStore(SQLiteHousekeepingWrites):
         ``check`` sees the task first; if it raises, nothing is written."""
         now = time.time()
         with self._write() as conn:
+            found = self._load(conn, task_id)  # DamagedTask here writes nothing
             if queue is not None or check is not None:
-                found = self._load(conn, task_id)  # DamagedTask here writes nothing
                 if queue is not None and found.status not in (
                     TaskStatus.PENDING, TaskStatus.RUNNING
                 ):  # fmt: skip
@@ -478,9 +488,15 @@ class SQLiteStore(SQLiteHousekeepingWrites):
             if claim is None:  # removed by gc since it was read
                 raise UnknownTask(f"unknown task {task_id!r}")
             epoch = claim[0]
-            recovered = [r[0] for r in conn.execute(Q["running_steps"], {"id": task_id})]
+            # The task as the claim leaves it, known without reading it again.
+            task = found._replace(
+                lease_epoch=epoch,
+                updated_at=now,
+                status=TaskStatus.RUNNING if found.status is TaskStatus.PENDING else found.status,
+            )
+            recovered = [s.idx for s in task.steps if s.status is StepStatus.RUNNING]
             rerun, probing = sqlite_parking.recover(
-                self, conn, task_id, run_id, recovered, on_unknown, now
+                self, conn, task, run_id, recovered, on_unknown, now
             )
             worn_out: tuple[int, int] | None = None
             for idx in rerun:
@@ -502,7 +518,17 @@ class SQLiteStore(SQLiteHousekeepingWrites):
                 else None
             )
             crashpoints.crash("recovery_before_commit")
-            task = self._load(conn, task_id)
+            if recovered or worn_out is not None:
+                task = self._load(conn, task_id)  # recovery changed steps: read them back
+            elif started is not None:
+                idx, attempt = started
+                steps = tuple(
+                    s._replace(status=StepStatus.RUNNING, attempts=attempt, not_before=None)
+                    if s.idx == idx
+                    else s
+                    for s in task.steps
+                )
+                task = task._replace(steps=steps)
         run = Run(
             task_id=task_id, run_id=run_id, epoch=epoch, recovered=tuple(recovered),
             started=started,
@@ -558,10 +584,7 @@ class SQLiteStore(SQLiteHousekeepingWrites):
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read database {self.url}: {_describe(exc)}") from exc
         if row is None or row[5] != run.epoch:
-            raise LeaseLost(
-                f"task {run.task_id!r} was taken over by another runner (epoch {run.epoch} "
-                "is no longer current); this runner stops without writing"
-            )
+            raise _lease_lost(run)
 
     def abandon_run(self, run: Run) -> None:
         try:
@@ -808,3 +831,10 @@ class SQLiteStore(SQLiteHousekeepingWrites):
             lock.release()
         self._locks.clear()
         self._conn.close()
+
+
+def _lease_lost(run: Run) -> LeaseLost:
+    return LeaseLost(
+        f"task {run.task_id!r} was taken over by another runner (epoch {run.epoch} "
+        "is no longer current); this runner stops without writing"
+    )

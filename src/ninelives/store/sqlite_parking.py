@@ -25,19 +25,23 @@ Q = sql.load_queries("sqlite")
 def recover(
     store: SQLiteStore,
     conn: sqlite3.Connection,
-    task_id: str,
+    task: Task,
     run_id: str,
     recovered: Sequence[int],
     on_unknown: Callable[[Step], str] | None,
     now: float,
 ) -> tuple[list[int], bool]:
-    """Inside the claim: each step found running, by its mode. Returns the steps
-    recovered to be run again (whose ``step_recovered`` the caller journals, with
-    its recovery limit) and whether a step was left running for its probe."""
+    """Inside the claim: each step found running (``task`` as the claim read it),
+    by its mode. Returns the steps recovered to be run again (whose
+    ``step_recovered`` the caller journals, with its recovery limit) and whether
+    a step was left running for its probe."""
+    task_id = task.id
+    if not recovered:
+        return [], False
     if on_unknown is None:
         conn.execute(Q["recover_steps"], {"id": task_id})
         return list(recovered), False
-    modes = recover_unknown(store._load(conn, task_id), recovered, on_unknown)
+    modes = recover_unknown(task, recovered, on_unknown)
     rerun, probing = [], False
     for idx, mode in modes.items():
         if mode == "probe":

@@ -262,9 +262,16 @@ def append_unsafe(path: str, data: bytes) -> None:
         os.close(fd)
 
 
-def temp_pattern(task_id: str) -> re.Pattern[str]:
-    """Names of the temporary files that :func:`publish_once` makes for one task."""
-    return re.compile(rf"\.{re.escape(task_id)}-\d+\.md\.[0-9a-f]{{16}}\.tmp")
+#: What follows ``.TASK-`` in the name of a temporary file of :func:`publish_once`.
+_TEMP_TAIL = re.compile(r"\d+\.md\.[0-9a-f]{16}\.tmp")
+
+
+def is_temp_of(task_id: str, name: str) -> bool:
+    """Whether ``name`` is a temporary file that :func:`publish_once` made for ``task_id``."""
+    # A prefix test, not a pattern compiled per task: a run start checks every
+    # name in the artifacts folder, which grows with every task published.
+    prefix = f".{task_id}-"
+    return name.startswith(prefix) and _TEMP_TAIL.fullmatch(name, len(prefix)) is not None
 
 
 def remove_orphans(
@@ -286,11 +293,10 @@ def remove_orphans(
         _tell(log, f"{task_id}: cannot list {folder} to remove orphaned temporary files "
               f"({exc.strerror}); left as they are")  # fmt: skip
         return []
-    pattern = temp_pattern(task_id)
     removed = []
     skipped = []
     for name in names:
-        if not pattern.fullmatch(name):
+        if not is_temp_of(task_id, name):
             continue
         try:
             os.unlink(os.path.join(folder, name))

@@ -38,9 +38,6 @@ SET lease_epoch = lease_epoch + 1,
 WHERE id = :id
 RETURNING lease_epoch;
 
--- name: running_steps
-SELECT idx FROM steps WHERE task_id = :id AND status = 'running' ORDER BY idx;
-
 -- name: recover_steps
 UPDATE steps SET status = 'pending' WHERE task_id = :id AND status = 'running';
 
@@ -53,6 +50,15 @@ WHERE id = :id AND lease_epoch = :epoch AND status <> 'cancelled';
 -- name: fence_unchecked
 -- Test-only (see ninelives.store.fencing_disabled): the fence without its epoch.
 UPDATE tasks SET status = :status, updated_at = :now WHERE id = :id AND status <> 'cancelled';
+
+-- name: fence_read
+-- The fence of a transition that leaves the task running: read, not written.
+-- Inside the write transaction it is as strong as the UPDATE, and rewriting
+-- the row each step would rewrite three of its index entries too.
+SELECT status FROM tasks WHERE id = :id AND lease_epoch = :epoch AND status <> 'cancelled';
+
+-- name: fence_read_unchecked
+SELECT status FROM tasks WHERE id = :id AND status <> 'cancelled';
 
 -- name: claim_candidates
 -- Workers on one host: the oldest unfinished tasks of the queue after
