@@ -10,7 +10,7 @@ import pytest
 
 from ninelives.errors import ToolError
 from ninelives.tools.builtin import stub_summary
-from ninelives.tools.effects import append_unsafe, publish_once, is_temp_of, remove_orphans
+from ninelives.tools.effects import append_unsafe, is_temp_of, publish_once, remove_orphans
 
 TEXT = b"Line one\nLine two\nLine three"
 
