@@ -133,10 +133,12 @@ def _settings(args: argparse.Namespace) -> Any:
 def _runtime(args: argparse.Namespace, *, create: bool = True, readonly: bool = False) -> Any:
     from .runtime import open as open_runtime
 
-    log = None if getattr(args, "quiet", False) else _stderr
+    quiet = getattr(args, "quiet", False)
+    log = None if quiet else _stderr
     return open_runtime(
-        args.db, settings=_settings(args), create=create, readonly=readonly, log=log
-    )
+        args.db, settings=_settings(args), create=create, readonly=readonly, log=log,
+        on_progress=None if quiet or readonly else _progress_bar(),
+    )  # fmt: skip
 
 
 def _plural(count: int, noun: str) -> str:
@@ -213,11 +215,30 @@ def _redactor(argv: Sequence[str]) -> Callable[[str], str]:
 def _stderr(line: str) -> None:
     # Progress lines are best effort: a stderr that fails (EIO, a full disk
     # under a log file) must not stop a runner whose state is committed.
-    try:
-        text = printable(_scrub(line))
-        print(_paint(text) if _colour() else text, file=sys.stderr, flush=True)
-    except (OSError, ValueError, AttributeError):
-        pass
+    def emit() -> None:
+        try:
+            text = printable(_scrub(line))
+            print(_paint(text) if _colour() else text, file=sys.stderr, flush=True)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    if _BAR is None:
+        emit()
+    else:
+        _BAR.above(emit)  # the line takes the place of the live bar
+
+
+#: The live progress bar on stderr, once a command asked for one on a terminal.
+_BAR: Any = None
+
+
+def _progress_bar() -> Callable[[Any], None] | None:
+    """The ``on_progress`` callback: a bar on stderr if it is a terminal, else None."""
+    global _BAR
+    from .cli_bar import terminal_bar
+
+    _BAR = _BAR or terminal_bar(sys.stderr, lambda text: printable(_scrub(text)))
+    return None if _BAR is None else _BAR.update
 
 
 @functools.cache
@@ -334,6 +355,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     worker = Worker(
         options, settings=settings, tools=default_registry(settings), log=_stderr,
         step_log=None if args.quiet else _stderr,
+        on_progress=None if args.quiet else _progress_bar(),
     )  # fmt: skip
     return worker.run()
 
@@ -737,10 +759,16 @@ def _drop_stdout() -> None:
 
 
 def _error(line: str) -> None:
-    try:
-        print(line, file=sys.stderr, flush=True)
-    except (OSError, ValueError, AttributeError):
-        pass  # stderr itself is gone: the exit code still tells
+    def emit() -> None:
+        try:
+            print(line, file=sys.stderr, flush=True)
+        except (OSError, ValueError, AttributeError):
+            pass  # stderr itself is gone: the exit code still tells
+
+    if _BAR is None:
+        emit()
+    else:
+        _BAR.above(emit)  # the message takes the place of the live bar
 
 
 def _guard_std_fds() -> None:

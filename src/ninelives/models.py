@@ -324,6 +324,19 @@ class MetricCounts(NamedTuple):
     recoveries: int
 
 
+class StepProgress(NamedTuple):
+    """One committed ``ctx.checkpoint``, as the runtime reports it to an ``on_progress``
+    callback (the CLI draws a progress bar from it on a terminal)."""
+
+    task_id: str
+    step: int
+    tool: str
+    #: What the tool checkpointed (any JSON); ``{"done": N, "total": M}`` draws a bar.
+    progress: Any
+    #: Seconds since the attempt's tool was called.
+    elapsed: float
+
+
 class TaskHold(NamedTuple):
     """Who holds a task, as ``doctor`` sees it: its lease (PostgreSQL) or epoch."""
 

@@ -36,6 +36,7 @@ from .models import (
     EventKind,
     Run,
     Step,
+    StepProgress,
     StepStatus,
     Task,
     TaskStatus,
@@ -147,11 +148,14 @@ class Runtime:
         settings: Settings | None = None,
         tools: Registry | None = None,
         log: Callable[[str], None] | None = None,
+        on_progress: Callable[[StepProgress], None] | None = None,
     ) -> None:
         self.store = store
         self.settings = settings if settings is not None else Settings.from_env()
         self._tools = tools
         self._log = log
+        # Called after each committed ctx.checkpoint; None costs nothing per checkpoint.
+        self._on_progress = on_progress
 
     @property
     def tools(self) -> Registry:
@@ -586,7 +590,7 @@ class Runtime:
         context = ToolContext(
             task_id=run.task_id, step=step.idx, attempt=attempt, outputs=ctx,
             idem_key=f"{run.task_id}-{step.idx}", progress=progress.get(step.idx),
-            saver=self._saver(run, step.idx),
+            saver=self._saver(run, step, time.monotonic()),
         )  # fmt: skip
         try:
             with self._time_limit(run, step, attempt, limits):
@@ -606,14 +610,20 @@ class Runtime:
                 progress[step.idx] = context.progress
         return (returned if isinstance(returned, dict) else dict(returned)), encoded
 
-    def _saver(self, run: Run, idx: int) -> Callable[[Any], None]:
-        """``ctx.checkpoint`` of one step: checked like an output, committed fenced."""
+    def _saver(self, run: Run, step: Step, began: float) -> Callable[[Any], None]:
+        """``ctx.checkpoint`` of one step: checked like an output, committed fenced,
+        then reported to ``on_progress`` (only what was committed is shown)."""
         from .policy import alarm_held, encode_progress
+
+        report = self._on_progress
 
         def save(value: Any) -> None:
             text = encode_progress(value, self.settings.max_output)
             with alarm_held():
-                self.store.checkpoint(run, idx, text)
+                self.store.checkpoint(run, step.idx, text)
+            if report is not None:
+                elapsed = time.monotonic() - began
+                report(StepProgress(run.task_id, step.idx, step.tool, value, elapsed))
 
         return save
 
@@ -738,6 +748,7 @@ def open(
     create: bool = True,
     readonly: bool = False,
     log: Callable[[str], None] | None = None,
+    on_progress: Callable[[StepProgress], None] | None = None,
 ) -> Runtime:
     """Open the database at ``url`` (a SQLite path or a ``postgresql://`` URL).
 
@@ -749,9 +760,14 @@ def open(
     missing SQLite file is not created; with ``readonly`` a SQLite file is only
     read (:func:`~ninelives.store.open_store`): :meth:`Runtime.status` and
     :meth:`Runtime.export` work, running does not.
+
+    ``log`` gets each progress line (a step done, an error, a recovery);
+    ``on_progress`` gets a :class:`~ninelives.models.StepProgress` after each
+    committed ``ctx.checkpoint``. Both are called in the running thread and
+    must not raise.
     """
     if url is None:
         url = os.environ.get("NINELIVES_DB") or "state.db"
     settings = settings if settings is not None else Settings.from_env()
     store = open_store(url, create=create, readonly=readonly)
-    return Runtime(store, settings=settings, tools=tools, log=log)
+    return Runtime(store, settings=settings, tools=tools, log=log, on_progress=on_progress)

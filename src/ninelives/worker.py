@@ -59,7 +59,7 @@ from .errors import (
     TasksLeft,
     UnknownTask,
 )
-from .models import Run, Task, TaskStatus
+from .models import Run, StepProgress, Task, TaskStatus
 from .runtime import Runtime, check_queue, new_run_id
 from .settings import Settings
 from .store import Store, lease_settings, open_store
@@ -146,6 +146,7 @@ class Worker:
         tools: Registry | None = None,
         log: Callable[[str], None] | None = None,
         step_log: Callable[[str], None] | None = None,
+        on_progress: Callable[[StepProgress], None] | None = None,
     ) -> None:
         self.options = options
         self.settings = settings if settings is not None else Settings.from_env()
@@ -158,6 +159,7 @@ class Worker:
         self._log_lock = threading.Lock()
         self._log = self._serialized(log)
         self._step_log = self._serialized(step_log)
+        self._on_progress = on_progress  # the sink serializes itself (see cli_bar)
         self.name = f"{_hostname()}/{os.getpid()}"
         self._stopping = threading.Event()
         self._signals = 0
@@ -291,7 +293,10 @@ class Worker:
     # -- one slot -----------------------------------------------------------
 
     def _slot(self, slot: int, store: Store) -> None:
-        runtime = Runtime(store, settings=self.settings, tools=self.tools, log=self._step_log)
+        runtime = Runtime(
+            store, settings=self.settings, tools=self.tools, log=self._step_log,
+            on_progress=self._on_progress,
+        )  # fmt: skip
         try:
             while not self._stopping.is_set():
                 claimed = self._claim(slot, runtime, store)

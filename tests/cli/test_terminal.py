@@ -83,3 +83,60 @@ def test_no_color_turns_colour_off_on_a_terminal(sqlite_lab: Lab) -> None:
 def test_quiet_prints_only_the_outcome_on_a_terminal(sqlite_lab: Lab) -> None:
     _interrupted(sqlite_lab)
     assert _masked(_on_a_terminal(sqlite_lab, "run", "t", "-q")) == "t: <ESC>[32mdone<ESC>[0m\n"
+
+
+COUNTING_TOOLS = """
+import time
+
+from ninelives.tools import tool
+
+
+@tool("count")
+def count(step_input, ctx):
+    for i in range(1, step_input["n"] + 1):
+        time.sleep(0.15)  # over the bar's 0.1 s between redraws: every update is drawn
+        ctx.checkpoint({"done": i, "total": step_input["n"]})
+    return {"counted": step_input["n"]}
+
+
+@tool("odd_progress")
+def odd_progress(step_input, ctx):
+    ctx.checkpoint(["not", "a", "count"])
+    ctx.checkpoint({"done": True, "total": 3})
+    return {"ok": True}
+"""
+
+
+def _counting(lab: Lab) -> None:
+    lab.write("counting.py", COUNTING_TOOLS)
+    lab.base_env["NINELIVES_TOOLS"] = "counting"
+    steps = [{"tool": "count", "input": {"n": 5}}, {"tool": "odd_progress", "input": {}}]
+    lab.write_plan({"goal": "count to five", "steps": steps}, "count.json")
+    assert lab.cli("create", "c", "count.json").returncode == 0
+
+
+def test_a_step_that_checkpoints_counts_shows_a_bar_on_a_terminal(sqlite_lab: Lab) -> None:
+    _counting(sqlite_lab)
+    shown = _masked(_on_a_terminal(sqlite_lab, "run", "c", NO_COLOR="1")).replace("\r", "<CR>")
+    # Each redraw goes back to column 0 and clears the line; the done line replaces the bar.
+    assert "<CR><ESC>[Kc: step 0 count [####################] 5/5  <T><CR><ESC>[Kc: step 0" in shown
+    assert "odd_progress [" not in shown  # other shapes draw nothing
+    _golden("run-progress.tty.txt", shown)
+
+
+def test_through_a_pipe_there_is_no_bar(sqlite_lab: Lab) -> None:
+    _counting(sqlite_lab)
+    ran = sqlite_lab.cli("run", "c")
+    assert ran.returncode == 0
+    for mark in ("\r", "\x1b", "[#"):
+        assert mark not in ran.stderr
+    assert _masked(ran.stderr) == (
+        'c: step 0 count done in <T> {"counted": 5}\n'
+        'c: step 1 odd_progress done in <T> {"ok": true}\n'
+        "c: done\n"
+    )
+
+
+def test_quiet_draws_no_bar_on_a_terminal(sqlite_lab: Lab) -> None:
+    _counting(sqlite_lab)
+    assert _masked(_on_a_terminal(sqlite_lab, "run", "c", "-q", NO_COLOR="1")) == "c: done\n"
