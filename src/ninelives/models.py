@@ -322,6 +322,50 @@ class MetricCounts(NamedTuple):
     attempts: int
     #: ``step_recovered`` events: steps found running after a crash.
     recoveries: int
+    #: ``step_started`` events in the journal.
+    started: int = 0
+    #: Durations of the finished step attempts, one series per outcome.
+    durations: tuple[DurationSeries, ...] = ()
+
+
+class DurationSeries(NamedTuple):
+    """The step attempts of one outcome (``done`` or ``error``), as a histogram."""
+
+    outcome: str
+    #: ``(upper bound in seconds, attempts that took at most that)``, bounds ascending.
+    buckets: tuple[tuple[float, int], ...]
+    #: All of them (the ``+Inf`` bucket), and the seconds they took together.
+    attempts: int
+    seconds: float
+
+
+#: Upper bounds (seconds) of the ``/metrics`` step duration histogram: the
+#: ``metric_durations`` query of each dialect buckets by the same numbers.
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                    300.0, 1800.0)  # fmt: skip
+
+
+def step_durations(rows: Sequence[Sequence[Any]]) -> tuple[int, tuple[DurationSeries, ...]]:
+    """The started count and the duration series (``done`` and ``error``, cumulative
+    buckets) from the rows of the ``metric_durations`` query of either dialect."""
+    per_bucket: dict[str, dict[float | None, tuple[int, float]]] = {"done": {}, "error": {}}
+    started = 0
+    for bucket, outcome, n, seconds in rows:
+        if outcome is None:
+            started = int(n)
+            continue
+        key = None if bucket is None else float(bucket)
+        per_bucket.setdefault(str(outcome), {})[key] = (int(n), float(seconds or 0.0))
+    series = []
+    for outcome, found in sorted(per_bucket.items()):
+        buckets, below = [], 0
+        for bound in DURATION_BUCKETS:
+            below += found.get(bound, (0, 0.0))[0]
+            buckets.append((bound, below))
+        attempts = sum(n for n, _ in found.values())
+        seconds = sum(s for _, s in found.values())
+        series.append(DurationSeries(outcome, tuple(buckets), attempts, seconds))
+    return started, tuple(series)
 
 
 class StepProgress(NamedTuple):

@@ -306,8 +306,37 @@ def _metrics(counts: Any) -> str:
         "# HELP ninelives_step_recoveries Steps found running after a crash.",
         "# TYPE ninelives_step_recoveries gauge",
         f"ninelives_step_recoveries {counts.recoveries}",
+        *_step_metrics(counts),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _step_metrics(counts: Any) -> list[str]:
+    """Attempts started and finished, and how long the finished ones took, read
+    from the journal at each scrape (one aggregate query: see ``metric_durations``)."""
+    done = counts.durations
+    # Counters as Prometheus names them, though gc deleting finished tasks
+    # lowers them with their events: a scraper reads that as a counter reset.
+    lines = [
+        "# HELP ninelives_steps_started_total Step attempts started (step_started events).",
+        "# TYPE ninelives_steps_started_total counter",
+        f"ninelives_steps_started_total {counts.started}",
+        "# HELP ninelives_steps_finished_total Step attempts finished, by outcome.",
+        "# TYPE ninelives_steps_finished_total counter",
+        *(f'ninelives_steps_finished_total{{outcome="{d.outcome}"}} {d.attempts}' for d in done),
+        "# HELP ninelives_step_duration_seconds Step attempts from start to done or error.",
+        "# TYPE ninelives_step_duration_seconds histogram",
+    ]
+    name = "ninelives_step_duration_seconds"
+    for d in counts.durations:
+        label = f'outcome="{d.outcome}"'
+        lines += [f'{name}_bucket{{{label},le="{le:g}"}} {n}' for le, n in d.buckets]
+        lines += [
+            f'{name}_bucket{{{label},le="+Inf"}} {d.attempts}',
+            f"{name}_sum{{{label}}} {d.seconds:.6f}",
+            f"{name}_count{{{label}}} {d.attempts}",
+        ]
+    return lines
 
 
 def _statuses(counts: Any) -> list[str]:

@@ -223,3 +223,52 @@ def test_the_fleet_view_shows_a_workers_lease_and_task(pg_database: str, tmp_pat
             view.close()
     finally:
         lab.reap()
+
+
+def _histogram(text: str, name: str, outcome: str) -> tuple[list[tuple[str, int]], float, int]:
+    """Buckets (le, cumulative count) in order, _sum and _count of one outcome's series."""
+    label = f'outcome="{outcome}"'
+    buckets = [
+        (le, int(n))
+        for le, n in re.findall(rf'^{name}_bucket\{{{label},le="([^"]+)"\}} (\d+)$', text, re.M)
+    ]
+    total = float(re.findall(rf"^{name}_sum\{{{label}\}} (\S+)$", text, re.M)[0])
+    count = int(re.findall(rf"^{name}_count\{{{label}\}} (\d+)$", text, re.M)[0])
+    return buckets, total, count
+
+
+def test_metrics_histogram_of_step_durations(lab: Lab, view_of: Any) -> None:
+    from ninelives.report import lanes
+    from ninelives.runtime import open as open_runtime
+
+    _tasks(lab)  # t: 3 steps, two killed attempts; f: 3 failed attempts of one step
+    code, _, text = view_of().get("/metrics")
+    assert code == 200
+    name = "ninelives_step_duration_seconds"
+    assert f"# TYPE {name} histogram" in text
+    assert "# TYPE ninelives_steps_finished_total counter" in text
+    url = str(lab.sqlite_path or lab.db)
+    with open_runtime(url, create=False, readonly=True) as rt:
+        events = [e for task in ("t", "f", "q") for e in rt.export(task)]
+    # The same pairing as the report's timeline: every closed attempt, nothing twice.
+    paired = [a for lane in lanes(events) for a in lane.attempts if a.end is not None]
+    expected = {
+        "done": [a.end - a.start for a in paired if a.error is None],  # type: ignore[operator]
+        "error": [a.end - a.start for a in paired if a.error is not None],  # type: ignore[operator]
+    }
+    assert (len(expected["done"]), len(expected["error"])) == (3, 3)
+    for outcome, durations in expected.items():
+        buckets, total, count = _histogram(text, name, outcome)
+        assert buckets[-1] == ("+Inf", count)
+        assert count == len(durations)
+        counts = [n for _, n in buckets]
+        assert counts == sorted(counts)  # cumulative: never decreasing
+        bounds = [float(le) for le, _ in buckets[:-1]]
+        assert bounds == sorted(bounds)
+        assert total == pytest.approx(sum(durations), abs=1e-3)
+        for le, n in zip(bounds, counts, strict=False):
+            assert n == sum(d <= le for d in durations)
+        finished = f'ninelives_steps_finished_total{{outcome="{outcome}"}} {count}'
+        assert finished in text.splitlines()
+    started = len(paired) + 2  # and the two attempts killed before they ended
+    assert f"ninelives_steps_started_total {started}" in text.splitlines()

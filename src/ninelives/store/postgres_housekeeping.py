@@ -15,7 +15,7 @@ import psycopg
 
 from .. import crashpoints
 from ..errors import StoreError
-from ..models import Deleted, MetricCounts, TaskHold, TaskSummary
+from ..models import Deleted, MetricCounts, TaskHold, TaskSummary, step_durations
 from . import sql
 from .postgres_session import Q, Session
 from .sqlite_housekeeping import newest_first
@@ -88,7 +88,9 @@ class PostgresHousekeeping(Session):
                 steps[str(status)] = int(count)
                 attempts += int(tried)
             row = conn.execute(Q["metric_recoveries"]).fetchone()
-        return MetricCounts(tasks, steps, attempts, int(row[0]) if row else 0)
+            started, durations = step_durations(conn.execute(Q["metric_durations"]).fetchall())
+        recoveries = int(row[0]) if row else 0
+        return MetricCounts(tasks, steps, attempts, recoveries, started, durations)
 
     def tasks_in_status(self, status: str) -> list[TaskHold]:
         """The tasks of ``status`` with their lease, and whether it expired."""

@@ -18,7 +18,7 @@ from .. import crashpoints
 from ..errors import StoreError
 from ..journal import dumps
 from ..locking import TaskLock, is_held, lock_folder, lock_path, remove_lock
-from ..models import Deleted, MetricCounts, TaskHold, TaskSummary
+from ..models import Deleted, MetricCounts, TaskHold, TaskSummary, step_durations
 from . import sql
 
 Q = sql.load_queries("sqlite")
@@ -242,4 +242,5 @@ def _metric_counts(conn: Any) -> MetricCounts:
         steps[str(status)] = int(count)
         attempts += int(tried)
     recoveries = int(conn.execute(Q["metric_recoveries"]).fetchone()[0])
-    return MetricCounts(tasks, steps, attempts, recoveries)
+    started, durations = step_durations(conn.execute(Q["metric_durations"]).fetchall())
+    return MetricCounts(tasks, steps, attempts, recoveries, started, durations)

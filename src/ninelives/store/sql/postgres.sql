@@ -442,3 +442,48 @@ SELECT status, count(*), coalesce(sum(attempts), 0) FROM steps GROUP BY status;
 
 -- name: metric_recoveries
 SELECT count(*) FROM events WHERE kind = 'step_recovered';
+
+-- name: metric_durations
+-- /metrics: step attempt durations, paired as report.py pairs them: a
+-- step_started and the next step_finished or step_error of the same step of
+-- the same task (an attempt left open by a kill, followed by the next run's
+-- step_started, has no duration). One pass over the journal's step events,
+-- aggregated here so that a scrape never ships the journal. Rows: (bucket,
+-- outcome, attempts, seconds), bucket the smallest upper bound of
+-- models.DURATION_BUCKETS the attempts are under (NULL: over all of them),
+-- outcome NULL for the row that counts every step_started.
+WITH marks AS MATERIALIZED (
+    SELECT kind, ts,
+           lead(kind) OVER (PARTITION BY task_id, step_idx ORDER BY seq) AS next_kind,
+           lead(ts) OVER (PARTITION BY task_id, step_idx ORDER BY seq) AS next_ts
+    FROM events
+    WHERE kind IN ('step_started', 'step_finished', 'step_error') AND step_idx IS NOT NULL
+),
+attempts AS (
+    SELECT CASE next_kind WHEN 'step_finished' THEN 'done' ELSE 'error' END AS outcome,
+           greatest(next_ts - ts, 0) AS seconds
+    FROM marks
+    WHERE kind = 'step_started' AND next_kind IN ('step_finished', 'step_error')
+)
+SELECT CASE
+           WHEN seconds <= 0.005 THEN 0.005
+           WHEN seconds <= 0.01 THEN 0.01
+           WHEN seconds <= 0.025 THEN 0.025
+           WHEN seconds <= 0.05 THEN 0.05
+           WHEN seconds <= 0.1 THEN 0.1
+           WHEN seconds <= 0.25 THEN 0.25
+           WHEN seconds <= 0.5 THEN 0.5
+           WHEN seconds <= 1 THEN 1
+           WHEN seconds <= 2.5 THEN 2.5
+           WHEN seconds <= 5 THEN 5
+           WHEN seconds <= 10 THEN 10
+           WHEN seconds <= 30 THEN 30
+           WHEN seconds <= 60 THEN 60
+           WHEN seconds <= 300 THEN 300
+           WHEN seconds <= 1800 THEN 1800
+       END AS bucket,
+       outcome, count(*), sum(seconds)
+FROM attempts
+GROUP BY bucket, outcome
+UNION ALL
+SELECT NULL, NULL, count(*), NULL FROM marks WHERE kind = 'step_started';
