@@ -1,7 +1,9 @@
 """The progress lines of ``run``: on a terminal (a real pseudo-terminal) and through a pipe.
 
 Compared with golden files, times masked. Colour only on a terminal, never with
-``NO_COLOR``; ``-q`` prints the outcome only. ``NINELIVES_UPDATE_GOLDEN=1`` rewrites the files.
+``NO_COLOR``; ``-q`` prints the outcome only; a step that checkpoints ``{"done", "total"}``
+gets a live bar on a terminal and nothing else through a pipe.
+``NINELIVES_UPDATE_GOLDEN=1`` rewrites the files.
 """
 
 from __future__ import annotations
@@ -140,3 +142,11 @@ def test_through_a_pipe_there_is_no_bar(sqlite_lab: Lab) -> None:
 def test_quiet_draws_no_bar_on_a_terminal(sqlite_lab: Lab) -> None:
     _counting(sqlite_lab)
     assert _masked(_on_a_terminal(sqlite_lab, "run", "c", "-q", NO_COLOR="1")) == "c: done\n"
+
+
+def test_a_worker_draws_the_bar_too(sqlite_lab: Lab) -> None:
+    _counting(sqlite_lab)
+    assert sqlite_lab.cli("submit", "w", "count.json").returncode == 0
+    shown = _on_a_terminal(sqlite_lab, "worker", "--drain", NO_COLOR="1")
+    assert "\r\x1b[Kw: step 0 count [####################] 5/5  " in shown
+    assert "\r\x1b[Kw: step 0 count done in " in shown
