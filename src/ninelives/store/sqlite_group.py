@@ -229,7 +229,7 @@ class GroupCommitter:
         try:
             conn.execute("ROLLBACK TO ninelives_write")
             conn.execute("RELEASE ninelives_write")
-        except sqlite3.Error:
+        except BaseException:  # the write already failed: its own error is raised
             unknown = True
         if unknown or not conn.in_transaction:
             # SQLite may have rolled back the whole transaction (a full disk,
@@ -282,9 +282,12 @@ class GroupCommitter:
                     if isinstance(error, CommitUnknown):
                         self._broken = self._broken or error
                     batch.error = error
-                except BaseException as exc:  # a bug: nobody may think it committed
+                except BaseException as exc:  # nobody may think it committed
                     _rollback(conn)
-                    batch.error = self._poison(batch, exc)
+                    unknown = self._poison(batch, exc)
+                    # A BaseException (a simulated power cut) reaches the
+                    # callers as itself; anything else as the unknown outcome.
+                    batch.error = unknown if isinstance(exc, Exception) else exc
                 else:
                     self._batches += 1
                     self._writes += batch.members
@@ -303,10 +306,12 @@ class GroupCommitter:
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
+    # Only ever after a failure, whose error the callers get: nothing raised
+    # here may replace it or end the committer thread.
     try:
         conn.execute("ROLLBACK")
-    except sqlite3.Error:
-        pass  # already rolled back by SQLite
+    except BaseException:
+        pass  # already rolled back by SQLite, or the connection is gone
 
 
 def _unknown(exc: BaseException) -> CommitUnknown:
