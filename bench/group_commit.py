@@ -96,6 +96,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="rounds; each row is a median (3)")
     parser.add_argument("--slots", default=",".join(map(str, SLOTS)), help="1,4,16,64")
     parser.add_argument("--no-postgres", action="store_true", help="SQLite only")
+    parser.add_argument("--no-sqlite", action="store_true", help="PostgreSQL only")
     parser.add_argument(
         "--sync-ms", type=float, default=0.0,
         help="SQLite: add this many ms to every fsync (bench/slowsync.c; needs cc)",
@@ -110,7 +111,7 @@ def main() -> int:
         server = pg.PgServer(url) if url else pg.PgCluster(durable=True).start()
     configs = [
         (backend, n, group)
-        for backend in (["sqlite"] + (["postgres"] if server else []))
+        for backend in ([] if args.no_sqlite else ["sqlite"]) + (["postgres"] if server else [])
         for n in slots
         for group in (False, True)
     ]
@@ -147,7 +148,7 @@ def main() -> int:
     out: dict[str, Any] = {
         f"{b}/{n}/{'group' if g else 'plain'}": round(v, 2) for (b, n, g), v in med.items()
     }
-    if 16 in slots and 1 in slots:
+    if 16 in slots and 1 in slots and not args.no_sqlite:
         aim = med[("sqlite", 16, True)] / med[("sqlite", 1, False)]
         print()
         print(f"16 slots with group commit / one slot without, same SQLite file: {aim:.2f}x")

@@ -13,6 +13,7 @@ that. The fencing test batches a fenced write with three good ones.
 from __future__ import annotations
 
 import random
+import sqlite3
 import shutil
 import threading
 import time
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from ninelives.errors import LeaseLost
+from ninelives.errors import CommitUnknown, LeaseLost
 from ninelives.plan import plan_from_dict
 from ninelives.store.sqlite import SQLiteStore
 from ninelives.store.sqlite_group import GroupCommitter
@@ -168,6 +169,46 @@ def test_a_fenced_write_fails_alone_and_its_batch_commits(tmp_path: Path) -> Non
     for i in range(4):
         kinds = [e.kind for e in setup.events(f"t{i}")]
         assert ("step_started" in kinds) is (i != 1)
+    for store in stores:
+        store.close()
+    group.close()
+    setup.close()
+
+
+def test_an_io_error_in_one_write_fails_its_whole_batch_and_every_later_write(
+    tmp_path: Path,
+) -> None:
+    """An outcome unknown is never one caller's problem: the batch is rolled back,
+    each of its writes raises CommitUnknown, and so does any write after it."""
+    path = str(tmp_path / "state.db")
+    setup = SQLiteStore(path)
+    plan = plan_from_dict({"goal": "g", "steps": [{"tool": "fetch", "input": {"path": "x"}}]})
+    group = GroupCommitter(SQLiteStore(path), linger=0.5)
+    stores = [SQLiteStore(path) for _ in range(2)]
+    runs = []
+    for i, store in enumerate(stores):
+        setup.create_task(f"t{i}", plan)
+        runs.append(store.begin_run(f"t{i}", f"r{i}")[0])
+        store.join_group(group)
+    outcome: dict[int, BaseException | None] = {}
+
+    def good() -> None:
+        try:
+            stores[0].start_step(runs[0], 0, "fetch")
+            outcome[0] = None
+        except CommitUnknown as exc:
+            outcome[0] = exc
+
+    thread = threading.Thread(target=good)
+    thread.start()
+    time.sleep(0.1)  # the good write is in the open batch, waiting for the linger
+    with pytest.raises(CommitUnknown), stores[1]._write():
+        raise sqlite3.OperationalError("disk I/O error")
+    thread.join(timeout=30)
+    assert isinstance(outcome[0], CommitUnknown)
+    with pytest.raises(CommitUnknown):
+        stores[0].checkpoint(runs[0], 0, "{}")
+    assert [e.kind for e in setup.events("t0")].count("step_started") == 0
     for store in stores:
         store.close()
     group.close()
