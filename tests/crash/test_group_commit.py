@@ -13,8 +13,8 @@ that. The fencing test batches a fenced write with three good ones.
 from __future__ import annotations
 
 import random
-import sqlite3
 import shutil
+import sqlite3
 import threading
 import time
 from collections import Counter
