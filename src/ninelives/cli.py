@@ -350,6 +350,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     options = WorkerOptions.from_env(
         args.db, queue=args.queue, concurrency=args.concurrency, lease=args.lease,
         heartbeat=args.heartbeat, poll=args.poll, grace=args.grace, drain=args.drain,
+        group_commit=args.group_commit or None, group_linger_ms=args.group_commit_linger_ms,
     )  # fmt: skip
     settings = _settings(args)
     worker = Worker(
@@ -567,6 +568,16 @@ def _worker_args(p: argparse.ArgumentParser) -> None:
         help="exit 0 once the queue has no unfinished task (11 if some were left because "
         "this worker could not run them)",
     )
+    p.add_argument(
+        "--group-commit", action="store_true",
+        help="SQLite: commit the slots' step transitions together, one fsync per batch "
+        "(default: $NINELIVES_GROUP_COMMIT or off)",
+    )  # fmt: skip
+    p.add_argument(
+        "--group-commit-linger-ms", type=float, metavar="MS",
+        help="the longest a transition waits for others to join its batch "
+        "(default: $NINELIVES_GROUP_COMMIT_LINGER_MS or 2)",
+    )  # fmt: skip
     p.add_argument("-q", "--quiet", action="store_true", help="log claims only, not steps")
 
 

@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from .errors import (
     CommitUnknown,
@@ -64,6 +64,9 @@ from .runtime import Runtime, check_queue, new_run_id
 from .settings import Settings
 from .store import Store, lease_settings, open_store
 from .tools import Registry
+
+if TYPE_CHECKING:
+    from .store.sqlite_group import GroupCommitter
 
 #: How long the worker leaves alone a task it could not run (say, a tool missing on this host).
 SKIP_SECONDS = 60.0
@@ -92,6 +95,10 @@ class WorkerOptions:
     poll: float = 1.0
     grace: float = 30.0
     drain: bool = False
+    #: Commit the slots' transitions in batches (SQLite only; :mod:`.store.sqlite_group`).
+    group_commit: bool = False
+    #: The longest a transition waits for others to join its batch, in seconds.
+    group_linger: float = 0.002
 
     @classmethod
     def from_env(
@@ -105,10 +112,14 @@ class WorkerOptions:
         poll: float | None = None,
         grace: float | None = None,
         drain: bool = False,
+        group_commit: bool | None = None,
+        group_linger_ms: float | None = None,
         env: dict[str, str] | None = None,
     ) -> WorkerOptions:
-        """Arguments first, then ``NINELIVES_QUEUE``, ``NINELIVES_LEASE`` and
-        ``NINELIVES_HEARTBEAT``, then the defaults; bad values are an InputError."""
+        """Arguments first, then ``NINELIVES_QUEUE``, ``NINELIVES_LEASE``,
+        ``NINELIVES_HEARTBEAT``, ``NINELIVES_GROUP_COMMIT`` (``1`` or ``0``) and
+        ``NINELIVES_GROUP_COMMIT_LINGER_MS``, then the defaults; bad values are
+        an InputError."""
         from .errors import InputError
 
         env = dict(os.environ) if env is None else env
@@ -131,6 +142,7 @@ class WorkerOptions:
             poll=wait,
             grace=stop_after,
             drain=drain,
+            **_group_options(env, group_commit, group_linger_ms),
         )
 
 
@@ -207,6 +219,7 @@ class Worker:
         }
         try:
             stores = [self._open() for _ in range(self.options.concurrency)]
+            group = self._group(stores)
         except BaseException:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -219,6 +232,7 @@ class Worker:
         self.note(
             "-", "started", queue=opts.queue, slots=opts.concurrency, lease=opts.lease,
             heartbeat=round(opts.heartbeat, 3), backend=getattr(stores[0], "dialect", "?"),
+            group_commit=None if group is None else f"{opts.group_linger * 1000:g}ms",
         )  # fmt: skip
         deadline: float | None = None
         try:
@@ -234,7 +248,27 @@ class Worker:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if group is not None:
+                group.close()  # every slot has ended: nothing is left to commit
         return self._outcome()
+
+    def _group(self, stores: list[Store]) -> GroupCommitter | None:
+        """With ``group_commit`` on SQLite: one committer all the slots write
+        through. PostgreSQL already shares WAL flushes between the slots'
+        connections (a backend's flush covers every commit record before it),
+        so there the option is logged as off and each slot commits alone."""
+        if not self.options.group_commit:
+            return None
+        from .store.sqlite import SQLiteStore
+        from .store.sqlite_group import GroupCommitter
+
+        if not all(isinstance(store, SQLiteStore) for store in stores):
+            self.note("-", "group_commit_off", reason="sqlite_only")
+            return None
+        group = GroupCommitter(cast(SQLiteStore, self._open()), linger=self.options.group_linger)
+        for store in stores:
+            cast(SQLiteStore, store).join_group(group)
+        return group
 
     def _outcome(self) -> int:
         """Why every slot ended: asked to stop, drained, or neither (an error)."""
@@ -443,6 +477,27 @@ class Worker:
             with self._mutex:
                 self._current.pop(slot, None)
             store.end_run(run)
+
+
+def _group_options(env: dict[str, str], on: bool | None, linger_ms: float | None) -> dict[str, Any]:
+    from .errors import InputError
+
+    if on is None:
+        flag = env.get("NINELIVES_GROUP_COMMIT", "0").strip().lower()
+        if flag not in ("", "0", "1", "false", "true", "no", "yes", "off", "on"):
+            raise InputError(f"NINELIVES_GROUP_COMMIT must be 1 or 0, got {flag!r}")
+        on = flag in ("1", "true", "yes", "on")
+    if linger_ms is None:
+        text = env.get("NINELIVES_GROUP_COMMIT_LINGER_MS", "").strip() or "2"
+        try:
+            linger_ms = float(text)
+        except ValueError:
+            raise InputError(
+                f"NINELIVES_GROUP_COMMIT_LINGER_MS must be a number, got {text!r}"
+            ) from None
+    if not 0 <= linger_ms <= 1000:
+        raise InputError(f"--group-commit-linger-ms must be 0-1000, got {linger_ms!r}")
+    return {"group_commit": on, "group_linger": linger_ms / 1000}
 
 
 def _hostname() -> str:

@@ -268,3 +268,23 @@ def test_concurrency_runs_tasks_side_by_side(fleet: Fleet) -> None:
     )
     assert overlapping, f"no two tasks ran at the same time: {spans}"
     assert fleet.lab.artifacts() == expected_artifacts(*tasks)
+
+
+def test_group_commit_runs_on_sqlite_and_is_logged_off_on_postgres(
+    fleet: Fleet, backend: str
+) -> None:
+    """``--group-commit`` with 4 slots drains the queue on both backends; only
+    SQLite uses it (PostgreSQL shares WAL flushes between connections itself)."""
+    submit(fleet, "a", "b", "c", "d")
+    worker = fleet.start(*FAST, "--drain", "--concurrency", "4", "--group-commit")
+    assert worker.wait(60) == 0, worker.log()
+    assert sorted(r["task"] for r in worker.actions("done")) == ["a", "b", "c", "d"]
+    started = worker.actions("started")[0]
+    if backend == "sqlite":
+        assert started.get("group_commit") == "2ms"
+        assert worker.actions("group_commit_off") == []
+    else:
+        assert "group_commit" not in started
+        assert worker.actions("group_commit_off")[0]["reason"] == "sqlite_only"
+    for task_id in "abcd":
+        assert journal_problems(fleet.events(task_id)) == []

@@ -58,6 +58,7 @@ from .sqlite_housekeeping import SQLiteHousekeepingWrites
 
 if TYPE_CHECKING:
     from ..plan import Plan
+    from .sqlite_group import GroupCommitter
 
 Q = sql.load_queries("sqlite")
 T = TypeVar("T")
@@ -85,6 +86,8 @@ class SQLiteStore(SQLiteHousekeepingWrites):
     """A :class:`~ninelives.store.Store` on one SQLite file. Not thread-safe."""
 
     dialect = "sqlite"
+    #: Set by :meth:`join_group`: writes then commit in batches with other stores'.
+    _group: GroupCommitter | None = None
 
     def __init__(
         self,
@@ -191,8 +194,17 @@ class SQLiteStore(SQLiteHousekeepingWrites):
 
     # -- transactions -------------------------------------------------------
 
+    def join_group(self, group: GroupCommitter) -> None:
+        """Write through ``group`` from now on (group commit, :mod:`.sqlite_group`)."""
+        group.attach()
+        self._group = group
+
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
+        if self._group is not None:
+            with self._group.write() as conn:
+                yield conn
+            return
         conn = self._conn
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -830,6 +842,9 @@ class SQLiteStore(SQLiteHousekeepingWrites):
         for lock in self._locks.values():
             lock.release()
         self._locks.clear()
+        if self._group is not None:
+            self._group.detach()
+            self._group = None
         self._conn.close()
 
 

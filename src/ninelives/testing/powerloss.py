@@ -37,6 +37,7 @@ from ..runtime import Runtime
 from ..runtime import open as open_runtime
 from ..settings import Settings
 from ..store.sqlite import SQLiteStore
+from ..store.sqlite_group import GroupCommitter
 from ..tools.builtin import default_registry, stub_summary
 from ..verify import verify_store
 from .apswconn import EMPTY, ApswConnection, CommitTracker, DbState, read_state
@@ -86,6 +87,9 @@ class Controls:
     drop_blob_fsync: bool = False
     #: Store blobs without fsyncing their folder (with ``blob_threshold``).
     drop_blob_dirsync: bool = False
+    #: Not a control: the run writes through a group committer
+    #: (:mod:`ninelives.store.sqlite_group`), as ``worker --group-commit`` does.
+    group_commit: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -200,8 +204,13 @@ def _phase(
                 if controls.synchronous is not None:
                     conn.execute(f"PRAGMA synchronous={controls.synchronous}")
                 tracker.settings.add(conn.safety_settings())
-                with Runtime(store, settings=settings, tools=default_registry(settings)) as rt:
-                    action(rt)
+                group = None if action is _create else _group(store, connect, tracker, controls)
+                try:
+                    with Runtime(store, settings=settings, tools=default_registry(settings)) as rt:
+                        action(rt)
+                finally:
+                    if group is not None:
+                        group.close()
     except PowerCut:
         if not trigger.dead:
             raise
@@ -211,6 +220,23 @@ def _phase(
     finally:
         vfs.model, vfs.trigger, vfs.dirsync_lost = None, Trigger(), False
     return trigger, model, tracker
+
+
+def _group(
+    store: SQLiteStore, connect: Any, tracker: CommitTracker, controls: Controls
+) -> GroupCommitter | None:
+    """With ``controls.group_commit``: the store's writes go through a committer
+    whose own connection runs on the recording layer too."""
+    if not controls.group_commit:
+        return None
+    carrier = SQLiteStore(store.path, connect=connect)
+    conn = cast(ApswConnection, carrier._conn)
+    if controls.synchronous is not None:  # the connection that commits loses it too
+        conn.execute(f"PRAGMA synchronous={controls.synchronous}")
+    tracker.settings.add(conn.safety_settings())
+    group = GroupCommitter(carrier)
+    store.join_group(group)
+    return group
 
 
 def _inspect(folder: str, tracker: CommitTracker, tally: _Tally, where: str) -> DbState:
