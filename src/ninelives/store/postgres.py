@@ -69,7 +69,13 @@ from .postgres_session import (
     _Heartbeat,
     _Lease,
     _scalar,
+    around_attempt,
+    not_running,
 )
+
+
+class _NotStartable(StoreError):
+    """start_step's refusal: the step is not pending, or not yet due."""
 
 
 def redact(url: str) -> str:
@@ -122,6 +128,7 @@ class PostgresStore(PostgresHousekeeping):
         self._conn: Conn | None = None
         self._pipe: psycopg.Pipeline | None = None
         self._checks: list[Callable[[], None]] = []
+        self._refusals: list[Callable[[], Exception]] = []
         #: Large outputs, in the blobs tables (:mod:`ninelives.blobs`).
         self.blobs = TableBlobs(self)
         self._conn = self._connect()
@@ -161,15 +168,14 @@ class PostgresStore(PostgresHousekeeping):
         )
 
     def _fence(self, conn: Conn, run: Run, status: TaskStatus) -> None:
-        """The first statement of every fenced transaction; its check runs first."""
-        params = {**self._lease_params(run), "status": status.value}
-        cur = conn.execute(Q["fence" if self._fencing else "fence_unchecked"], params)
-
-        def check() -> None:
-            if cur.rowcount != 1:
-                raise self._lost(run)
-
-        self._checks.append(check)
+        """The first statement of every fenced transaction; a closed fence is a
+        refusal (:class:`LeaseLost`), so nothing after it is written."""
+        params = {
+            **self._lease_params(run),
+            "status": status.value,
+            "refusal": self._refusal(lambda: self._lost(run)),
+        }
+        conn.execute(Q["fence" if self._fencing else "fence_unchecked"], params)
 
     def _unlock_quietly(self, task_id: str, epoch: int) -> None:
         try:
@@ -241,10 +247,12 @@ class PostgresStore(PostgresHousekeeping):
             return self._load(conn, task_id)
 
     def _load(self, conn: Conn, task_id: str) -> Task:
-        row = conn.execute(Q["get_task"], {"id": task_id}).fetchone()
+        # Both sent before either reply is read: one round trip in a pipeline.
+        found = conn.execute(Q["get_task"], {"id": task_id})
+        steps = conn.execute(Q["get_steps"], {"id": task_id})
+        row = found.fetchone()
         if row is None:
             raise UnknownTask(f"unknown task {task_id!r}")
-        steps = conn.execute(Q["get_steps"], {"id": task_id})
         task = Task.from_row(row, tuple(Step.from_row(task_id, r) for r in steps))
         return resolve_task(task, self.blobs.on(conn))
 
@@ -445,22 +453,30 @@ class PostgresStore(PostgresHousekeeping):
 
     def start_step(self, run: Run, idx: int, tool: str, *, tool_version: str | None = None) -> int:
         sent = time.monotonic()
-        with self._cancel_aware(run), self._write() as conn:
-            self._fence(conn, run, TaskStatus.RUNNING)
-            params = {"id": run.task_id, "idx": idx}
-            row = self._fetch(conn.execute(Q["step_running"], params))
-            if row is None:
-                left = self._fetch(conn.execute(Q["step_due_in"], params))
-                if left is not None and left[0] > 0:
-                    raise StepNotDue(run.task_id, idx, float(left[0]))
-                raise StoreError(f"task {run.task_id!r} step {idx} is not pending")
-            attempt = int(row[0])
-            self._event(
-                conn, run.task_id, run.run_id, EventKind.STEP_STARTED, idx,
-                lineage.started_data(tool, attempt, tool_version),
-            )  # fmt: skip
+        head, tail = around_attempt(lineage.started_data(tool, 0, tool_version))
+        try:
+            with self._cancel_aware(run), self._write() as conn:
+                self._fence(conn, run, TaskStatus.RUNNING)
+                cur = conn.execute(
+                    Q["start_step"],
+                    {"id": run.task_id, "idx": idx, "run": run.run_id, "head": head,
+                     "tail": tail, "refusal": self._refusal(_NotStartable)},
+                )  # fmt: skip
+            row = cur.fetchone()
+        except _NotStartable:
+            raise self._not_started(run, idx) from None
+        if row is None:
+            raise StoreError(f"task {run.task_id!r} step {idx}: no attempt returned")
         self._after_commit(run, sent)
-        return attempt
+        return int(row[0])
+
+    def _not_started(self, run: Run, idx: int) -> Exception:
+        """Why a step could not start (read only on that path): not yet due, or not pending."""
+        with self._read() as conn:
+            left = conn.execute(Q["step_due_in"], {"id": run.task_id, "idx": idx}).fetchone()
+        if left is not None and left[0] > 0:
+            return StepNotDue(run.task_id, idx, float(left[0]))
+        return StoreError(f"task {run.task_id!r} step {idx} is not pending")
 
     def _cancel_aware(self, run: Run, *settle: Any) -> AbstractContextManager[None]:
         from . import postgres_lineage
@@ -484,10 +500,11 @@ class PostgresStore(PostgresHousekeeping):
         try:
             with self._cancel_aware(run, *owed), self._write() as conn:
                 self._fence(conn, run, status)
-                cur = conn.execute(
-                    Q["step_done"], {"id": run.task_id, "idx": idx, "output": output}
+                refusal = self._refusal(not_running(run.task_id, idx))
+                conn.execute(
+                    Q["step_done"],
+                    {"id": run.task_id, "idx": idx, "output": output, "refusal": refusal},
                 )
-                self._expect_one(cur, f"task {run.task_id!r} step {idx} is not running")
                 self._event(
                     conn, run.task_id, run.run_id, EventKind.STEP_FINISHED, idx,
                     finished_data(tool, output),
@@ -567,10 +584,11 @@ class PostgresStore(PostgresHousekeeping):
         sent = time.monotonic()
         with self._cancel_aware(run), self._write() as conn:
             self._fence(conn, run, TaskStatus.RUNNING)
-            cur = conn.execute(
-                Q["step_progress"], {"id": run.task_id, "idx": idx, "progress": progress}
+            refusal = self._refusal(not_running(run.task_id, idx))
+            conn.execute(
+                Q["step_progress"],
+                {"id": run.task_id, "idx": idx, "progress": progress, "refusal": refusal},
             )
-            self._expect_one(cur, f"task {run.task_id!r} step {idx} is not running")
             self._event(
                 conn, run.task_id, run.run_id, EventKind.STEP_PROGRESS, idx,
                 {"progress": json.loads(progress)},
