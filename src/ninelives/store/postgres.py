@@ -17,6 +17,12 @@ Same tables and journal semantics as SQLite; what differs is the claim:
   lease_epoch = :epoch``), which also renews the lease; a heartbeat thread on
   a connection of its own renews it between commits. A runner paused past its
   expiry and overtaken finds the fence closed: :class:`LeaseLost`, nothing written.
+* The server checks the fence, not the client: a closed fence fails its
+  statement (a refusal), so a commit never waits for a reply before COMMIT.
+  Starting and finishing a step are one statement each, fence included (one
+  round trip, its own transaction); other commits pipeline BEGIN, their
+  statements and COMMIT in one flush. ``tests/postgres/test_round_trips.py``
+  counts them on the wire.
 * Before a tool's effect, :meth:`PostgresStore.check_lease` refuses to go on
   unless at least half a lease is known to remain (by the monotonic clock
   since the last confirmed renewal); otherwise it renews first.
@@ -27,7 +33,6 @@ since a session advisory lock marks a live lease holder.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
@@ -46,15 +51,13 @@ from ..errors import LeaseLost, StoreError, TaskBusy, TaskExists, UnknownTask
 from ..journal import dumps
 from ..models import APPROVAL_TOOL, Event, EventKind, Run, Step, StepStatus, Task, TaskStatus
 from ..plan import Plan
-from ..policy import error_data, failure_reason
 from . import (
     DEFAULT_LEASE,
     Decision,
-    StepNotDue,
     fencing_disabled,
-    finished_data,
     heartbeat_disabled,
     postgres_parking,
+    postgres_steps,
     recovery_limit_reason,
     retry_target,
     task_exists,
@@ -69,13 +72,7 @@ from .postgres_session import (
     _Heartbeat,
     _Lease,
     _scalar,
-    around_attempt,
-    not_running,
 )
-
-
-class _NotStartable(StoreError):
-    """start_step's refusal: the step is not pending, or not yet due."""
 
 
 def redact(url: str) -> str:
@@ -452,31 +449,7 @@ class PostgresStore(PostgresHousekeeping):
             raise self._lost(run)
 
     def start_step(self, run: Run, idx: int, tool: str, *, tool_version: str | None = None) -> int:
-        sent = time.monotonic()
-        head, tail = around_attempt(lineage.started_data(tool, 0, tool_version))
-        try:
-            with self._cancel_aware(run), self._write() as conn:
-                self._fence(conn, run, TaskStatus.RUNNING)
-                cur = conn.execute(
-                    Q["start_step"],
-                    {"id": run.task_id, "idx": idx, "run": run.run_id, "head": head,
-                     "tail": tail, "refusal": self._refusal(_NotStartable)},
-                )  # fmt: skip
-            row = cur.fetchone()
-        except _NotStartable:
-            raise self._not_started(run, idx) from None
-        if row is None:
-            raise StoreError(f"task {run.task_id!r} step {idx}: no attempt returned")
-        self._after_commit(run, sent)
-        return int(row[0])
-
-    def _not_started(self, run: Run, idx: int) -> Exception:
-        """Why a step could not start (read only on that path): not yet due, or not pending."""
-        with self._read() as conn:
-            left = conn.execute(Q["step_due_in"], {"id": run.task_id, "idx": idx}).fetchone()
-        if left is not None and left[0] > 0:
-            return StepNotDue(run.task_id, idx, float(left[0]))
-        return StoreError(f"task {run.task_id!r} step {idx} is not pending")
+        return postgres_steps.start_step(self, run, idx, tool, tool_version=tool_version)
 
     def _cancel_aware(self, run: Run, *settle: Any) -> AbstractContextManager[None]:
         from . import postgres_lineage
@@ -494,52 +467,9 @@ class PostgresStore(PostgresHousekeeping):
         append: Sequence[tuple[str, str]] = (),
         fail: str | None = None,
     ) -> None:
-        sent = time.monotonic()
-        status = TaskStatus.FAILED if fail else TaskStatus.DONE if last else TaskStatus.RUNNING
-        owed = ("finish", idx, tool, output)
-        try:
-            with self._cancel_aware(run, *owed), self._write() as conn:
-                self._fence(conn, run, status)
-                refusal = self._refusal(not_running(run.task_id, idx))
-                conn.execute(
-                    Q["step_done"],
-                    {"id": run.task_id, "idx": idx, "output": output, "refusal": refusal},
-                )
-                self._event(
-                    conn, run.task_id, run.run_id, EventKind.STEP_FINISHED, idx,
-                    finished_data(tool, output),
-                )  # fmt: skip
-                for new_idx, (new_tool, new_input) in enumerate(append, start=idx + 1):
-                    conn.execute(
-                        Q["insert_step"],
-                        {
-                            "id": run.task_id,
-                            "idx": new_idx,
-                            "tool": new_tool,
-                            "input": new_input,
-                            "policy": None,
-                        },
-                    )
-                    self._event(
-                        conn, run.task_id, run.run_id, EventKind.STEP_APPENDED, new_idx,
-                        {"tool": new_tool, "by": idx},
-                    )  # fmt: skip
-                if append:
-                    from .postgres_lineage import extend_plan
-
-                    extend_plan(self, conn, run.task_id, idx + 1, append)
-                if fail:
-                    self._event(
-                        conn, run.task_id, run.run_id, EventKind.TASK_FAILED, None, {"reason": fail}
-                    )
-                elif last:
-                    self._event(conn, run.task_id, run.run_id, EventKind.TASK_DONE)
-        except pg_errors.UniqueViolation as exc:
-            raise StoreError(
-                f"task {run.task_id!r} already has a step at an index appended after {idx}: "
-                "steps are only appended at the end"
-            ) from exc
-        self._after_commit(run, sent)
+        postgres_steps.finish_step(
+            self, run, idx, tool, output, last=last, append=append, fail=fail
+        )
 
     def record_error(
         self,
@@ -552,56 +482,15 @@ class PostgresStore(PostgresHousekeeping):
         permanent: bool = False,
         detail: dict[str, Any] | None = None,
     ) -> bool:
-        sent = time.monotonic()
-        with self._cancel_aware(run, "error", idx, error), self._write() as conn:
-            self._fence(conn, run, TaskStatus.RUNNING)
-            row = self._fetch(
-                conn.execute(
-                    Q["step_back"],
-                    {"id": run.task_id, "idx": idx, "status": "pending", "delay": delay or None},
-                )
-            )
-            if row is None:
-                raise StoreError(f"task {run.task_id!r} step {idx} is not running")
-            attempts, retry_at = int(row[0]), row[1]
-            failed = permanent or attempts >= max_attempts
-            why = ("permanent" if permanent else "attempt_limit") if failed else None
-            data = error_data(error, attempts, detail, why=why, retry_at=retry_at, delay=delay)
-            self._event(conn, run.task_id, run.run_id, EventKind.STEP_ERROR, idx, data)
-            if failed:
-                conn.execute(Q["step_failed"], {"id": run.task_id, "idx": idx})
-                self._fence(conn, run, TaskStatus.FAILED)
-                reason = failure_reason(idx, attempts, error, permanent=permanent)
-                self._event(
-                    conn, run.task_id, run.run_id, EventKind.TASK_FAILED, idx,
-                    {"reason": reason, "why": why},
-                )  # fmt: skip
-            crashpoints.crash("error_before_commit", idx)
-        self._after_commit(run, sent)
-        return failed
+        return postgres_steps.record_error(
+            self, run, idx, error, max_attempts, delay=delay, permanent=permanent, detail=detail
+        )
 
     def checkpoint(self, run: Run, idx: int, progress: str) -> None:
-        sent = time.monotonic()
-        with self._cancel_aware(run), self._write() as conn:
-            self._fence(conn, run, TaskStatus.RUNNING)
-            refusal = self._refusal(not_running(run.task_id, idx))
-            conn.execute(
-                Q["step_progress"],
-                {"id": run.task_id, "idx": idx, "progress": progress, "refusal": refusal},
-            )
-            self._event(
-                conn, run.task_id, run.run_id, EventKind.STEP_PROGRESS, idx,
-                {"progress": json.loads(progress)},
-            )  # fmt: skip
-            crashpoints.crash("checkpoint_before_commit", idx)
-        self._after_commit(run, sent)
+        postgres_steps.checkpoint(self, run, idx, progress)
 
     def finish_task(self, run: Run) -> None:
-        sent = time.monotonic()
-        with self._cancel_aware(run), self._write() as conn:
-            self._fence(conn, run, TaskStatus.DONE)
-            self._event(conn, run.task_id, run.run_id, EventKind.TASK_DONE)
-        self._after_commit(run, sent)
+        postgres_steps.finish_task(self, run)
 
     def end_run(self, run: Run) -> None:
         self._leases.pop(run.run_id, None)

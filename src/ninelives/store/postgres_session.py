@@ -153,6 +153,7 @@ class Session:
     heartbeat: float
     _readonly: bool
     _empty: bool
+    _fencing: bool
     _scrub: Callable[[str], str]
     _shown: str
     _mutex: threading.Lock
@@ -273,6 +274,28 @@ class Session:
             raise
         finally:
             self._pipe = None
+            self._refusals = []
+
+    def _one(self, name: str, params: dict[str, Any]) -> psycopg.Cursor[Any]:
+        """Run the transition ``name`` of ``sql/postgres.sql``, fenced, as one
+        statement that is its own transaction (autocommit): one round trip, and
+        one message instead of BEGIN, the statements and COMMIT. Its checks are
+        refusals (:meth:`_refusal`), registered by the caller just before."""
+        fence = "fenced" if self._fencing else "fenced_unchecked"
+        query = f"WITH fenced AS (\n{Q[fence]}\n),\n{Q[name]}"
+        conn = self._connection()
+        try:
+            return conn.execute(query, params)
+        except psycopg.Error as exc:
+            refused = self._refused(exc)
+            if refused is not None:
+                raise refused from exc
+            if exc.sqlstate is None or conn.broken or conn.closed:
+                # No answer from the server: the statement may have committed.
+                self._drop()
+                raise self._translate(exc, committing=True) from exc
+            raise self._translate(exc, committing=False) from exc  # an error: rolled back
+        finally:
             self._refusals = []
 
     def _refusal(self, make: Callable[[], Exception]) -> str:

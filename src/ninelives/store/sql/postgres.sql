@@ -197,16 +197,36 @@ WHERE task_id = %(id)s AND idx = %(idx)s AND status = 'pending'
   AND (not_before IS NULL OR not_before <= ninelives_now())
 RETURNING attempts;
 
+-- name: fenced
+-- PostgreSQL only: the fence's UPDATE as the first CTE of a transition that
+-- is one statement (start_step, finish_step below): "WITH fenced AS (this)".
+-- One statement is its own transaction, committed in one round trip and one
+-- message; an error anywhere in it (a refusal) writes nothing.
+UPDATE tasks
+SET status = %(status)s, updated_at = ninelives_now(),
+    lease_expires_at = ninelives_now() + %(lease)s
+WHERE id = %(id)s AND lease_epoch = %(epoch)s AND status <> 'cancelled'
+RETURNING 1;
+
+-- name: fenced_unchecked
+-- Test-only, as fence_unchecked.
+UPDATE tasks SET status = %(status)s, updated_at = ninelives_now()
+WHERE id = %(id)s AND status <> 'cancelled'
+RETURNING 1;
+
 -- name: start_step
--- PostgreSQL only: step_running and its step_started event in one statement,
--- so that start_step is one round trip. The event's data is canonical JSON
--- whose first key is "attempt" (ninelives.lineage.started_data): the client
--- sends what comes before and after the number. Refused when the step is not
--- startable; the runner then reads step_due_in to say why.
-WITH running AS (
+-- PostgreSQL only, after "WITH fenced AS (fenced),": step_running and its
+-- step_started event. The event's data is canonical JSON whose first key is
+-- "attempt" (ninelives.lineage.started_data): the client sends what comes
+-- before and after the number. The step's UPDATE reads fenced, so the task's
+-- row is locked before the step's, in the order every other writer takes them.
+-- Refused if the fence is closed, else if the step is not startable (the
+-- runner then reads step_due_in to say why).
+running AS (
     UPDATE steps SET status = 'running', attempts = attempts + 1, not_before = NULL
     WHERE task_id = %(id)s AND idx = %(idx)s AND status = 'pending'
       AND (not_before IS NULL OR not_before <= ninelives_now())
+      AND EXISTS (SELECT 1 FROM fenced)
     RETURNING attempts
 ), journaled AS (
     INSERT INTO events (ts, task_id, run_id, kind, step_idx, data)
@@ -214,9 +234,36 @@ WITH running AS (
            %(head)s || attempts || %(tail)s
     FROM running
 )
-SELECT CASE WHEN count(*) = 1 THEN max(attempts)
-    ELSE ('ninelives-refused:' || %(refusal)s || ':' || count(*))::integer END
+SELECT CASE
+    WHEN (SELECT count(*) FROM fenced) <> 1 THEN
+        ('ninelives-refused:' || %(fence)s || ':' || (SELECT count(*) FROM fenced))::integer
+    WHEN count(*) <> 1 THEN ('ninelives-refused:' || %(refusal)s || ':' || count(*))::integer
+    ELSE max(attempts) END
 FROM running;
+
+-- name: finish_step
+-- PostgreSQL only, after "WITH fenced AS (fenced),": step_done and its
+-- step_finished event, then task_done or task_failed when %(then)s names one,
+-- journaled in that order. Refused as start_step.
+done AS (
+    UPDATE steps SET status = 'done', output = %(output)s
+    WHERE task_id = %(id)s AND idx = %(idx)s AND status = 'running'
+      AND EXISTS (SELECT 1 FROM fenced)
+    RETURNING 1
+), journaled AS (
+    INSERT INTO events (ts, task_id, run_id, kind, step_idx, data)
+    SELECT ninelives_now(), %(id)s, %(run)s, e.kind, e.step, e.data
+    FROM (VALUES (1, 'step_finished'::text, %(idx)s::integer, %(data)s::text),
+                 (2, %(then)s::text, NULL::integer, %(then_data)s::text)) AS e (n, kind, step, data)
+    WHERE e.kind IS NOT NULL AND EXISTS (SELECT 1 FROM done)
+    ORDER BY e.n
+)
+SELECT CASE
+    WHEN (SELECT count(*) FROM fenced) <> 1 THEN
+        ('ninelives-refused:' || %(fence)s || ':' || (SELECT count(*) FROM fenced))::integer
+    WHEN count(*) <> 1 THEN ('ninelives-refused:' || %(refusal)s || ':' || count(*))::integer
+    ELSE 1 END
+FROM done;
 
 -- name: step_due_in
 -- Why step_running matched nothing: seconds until a pending step is due (NULL: not pending).
