@@ -125,3 +125,47 @@ def test_a_step_not_running_is_refused_with_the_same_error(store: PostgresStore)
     assert [e.kind for e in store.events("t1")][-1] == "step_started"
     store.finish_step(run, 0, "fetch", "{}", last=False)  # the fence held throughout
     store.end_run(run)
+
+
+def test_a_claim_and_a_read_keep_their_round_trips(store: PostgresStore) -> None:
+    """Once per run, not per step, but counted too: the claim reads the lease, the
+    task (its row and steps in one round trip), recovers, starts the first step
+    and reads the task again; a worker's claim skips the lease read and the start."""
+    store.create_task("t1", PLAN)
+    store.create_task("t2", PLAN, queue="q")
+    with counted(store) as claim:
+        run, _ = store.begin_run("t1", "r1", start_first=True)
+    with counted(store) as read:
+        store.get_task("t1")
+    with counted(store) as release:
+        store.end_run(run)
+    with counted(store) as worker_claim:
+        claimed = store.claim_next("q", "w1")
+    assert claimed is not None
+    store.end_run(claimed[0])
+    assert (claim, read, release, worker_claim) == ([8], [2], [1], [5])
+
+
+def test_a_session_the_server_closed_while_idle_is_no_unknown_outcome(
+    store: PostgresStore, pg_database: str
+) -> None:
+    """A step's transition is one statement in autocommit, so an error after it
+    left would be an unknown outcome (CommitUnknown, the runner stops). A session
+    the server ended while it was idle (a restart, a terminated backend) is found
+    before anything is sent: a plain StoreError, and the next call reconnects."""
+    import select
+
+    import psycopg
+
+    store.create_task("t1", PLAN)
+    run, _ = store.begin_run("t1", "r1")
+    conn = store._connection()
+    with psycopg.connect(pg_database, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+    assert select.select([conn.pgconn.socket], [], [], 10)[0]  # its last words arrived
+    with pytest.raises(StoreError) as caught:
+        store.start_step(run, 0, "fetch")
+    assert type(caught.value) is StoreError
+    assert store.start_step(run, 0, "fetch") == 1  # a new session, the lease still ours
+    store.finish_step(run, 0, "fetch", "{}", last=False)
+    store.end_run(run)

@@ -7,6 +7,7 @@ With :mod:`~ninelives.store.postgres`, the only modules that import psycopg.
 from __future__ import annotations
 
 import logging
+import select
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg import pq
 
 # psycopg logs a warning when it leaves a pipeline aborted by an error that we
 # handle ourselves (a unique violation at create, say). With no logging set
@@ -284,6 +286,7 @@ class Session:
         fence = "fenced" if self._fencing else "fenced_unchecked"
         query = f"WITH fenced AS (\n{Q[fence]}\n),\n{Q[name]}"
         conn = self._connection()
+        self._check_idle(conn)
         try:
             return conn.execute(query, params)
         except psycopg.Error as exc:
@@ -297,6 +300,27 @@ class Session:
             raise self._translate(exc, committing=False) from exc  # an error: rolled back
         finally:
             self._refusals = []
+
+    def _check_idle(self, conn: Conn) -> None:
+        """StoreError, with nothing sent, if the server has closed this idle session
+        (a restart, a terminated backend): its last words wait unread on the socket.
+        Found here, the statement never left, so its outcome is known (as a
+        pipelined BEGIN finds it); found after sending, it would be unknown."""
+        try:
+            # libpq reads the server's FATAL while idle as a notice; the close
+            # follows it, maybe a moment later: so once anything came unasked
+            # (rare: a notice, a parameter change, those last words), wait a
+            # little for more before trusting the session.
+            for wait in (0.0, 0.1, 0.1):
+                if not select.select([conn.pgconn.socket], [], [], wait)[0]:
+                    break
+                conn.pgconn.consume_input()
+        except (OSError, psycopg.Error) as exc:
+            self._drop()
+            raise StoreError(f"database {self._shown}: {self._why(exc)}") from exc
+        if conn.pgconn.status != pq.ConnStatus.OK:
+            self._drop()
+            raise StoreError(f"database {self._shown}: the server closed the connection")
 
     def _refusal(self, make: Callable[[], Exception]) -> str:
         """A token for a statement of this transaction that the server fails

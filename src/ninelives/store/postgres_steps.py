@@ -38,6 +38,7 @@ class _NotStartable(StoreError):
 def start_step(
     store: PostgresStore, run: Run, idx: int, tool: str, *, tool_version: str | None = None
 ) -> int:
+    """See :meth:`ninelives.store.Store.start_step`: one statement, the fence first."""
     sent = time.monotonic()
     head, tail = around_attempt(lineage.started_data(tool, 0, tool_version))
     try:
@@ -78,6 +79,8 @@ def finish_step(
     append: Sequence[tuple[str, str]] = (),
     fail: str | None = None,
 ) -> None:
+    """See :meth:`ninelives.store.Store.finish_step`: one statement unless the step
+    appends steps (an agent turn), which pipelines its statements."""
     sent = time.monotonic()
     status = TaskStatus.FAILED if fail else TaskStatus.DONE if last else TaskStatus.RUNNING
     owed = ("finish", idx, tool, output)
@@ -157,6 +160,8 @@ def record_error(
     permanent: bool = False,
     detail: dict[str, Any] | None = None,
 ) -> bool:
+    """See :meth:`ninelives.store.Store.record_error`: the journal entry needs the
+    attempt count, so the commit waits for it (two round trips)."""
     sent = time.monotonic()
     with store._cancel_aware(run, "error", idx, error), store._write() as conn:
         store._fence(conn, run, TaskStatus.RUNNING)
@@ -187,6 +192,7 @@ def record_error(
 
 
 def checkpoint(store: PostgresStore, run: Run, idx: int, progress: str) -> None:
+    """See :meth:`ninelives.store.Store.checkpoint`: one round trip."""
     sent = time.monotonic()
     with store._cancel_aware(run), store._write() as conn:
         store._fence(conn, run, TaskStatus.RUNNING)
@@ -204,6 +210,7 @@ def checkpoint(store: PostgresStore, run: Run, idx: int, progress: str) -> None:
 
 
 def finish_task(store: PostgresStore, run: Run) -> None:
+    """See :meth:`ninelives.store.Store.finish_task`: one round trip."""
     sent = time.monotonic()
     with store._cancel_aware(run), store._write() as conn:
         store._fence(conn, run, TaskStatus.DONE)
