@@ -15,10 +15,10 @@ from ninelives.store import sql
 #: Every query a run, a recovery, status, export, a worker's claim, ls and gc make.
 HOT = (
     "get_task", "get_steps", "task_id_taken", "claim", "running_steps", "recover_steps",
-    "recoveries", "first_pending", "step_running", "step_done", "step_back", "step_failed",
-    "fail_task", "fence", "fence_read", "events", "unfinished", "claim_candidates", "claim_next",
-    "lease_state", "holder_gone", "abandon", "renew", "release", "retry_task", "retry_step",
-    "ls_page", "ls_page_status", "ls_page_queue", "ls_page_status_queue", "ls_rows",
+    "recoveries", "first_pending", "step_running", "fenced", "step_done", "step_back",
+    "step_failed", "fail_task", "fence", "fence_read", "events", "unfinished", "claim_candidates",
+    "claim_next", "lease_state", "holder_gone", "abandon", "renew", "release", "retry_task",
+    "retry_step", "ls_page", "ls_page_status", "ls_page_queue", "ls_page_status_queue", "ls_rows",
     "gc_candidates", "gc_recheck", "gc_events", "gc_steps", "gc_tasks", "tasks_in_status",
 )  # fmt: skip
 TABLES = ("tasks", "steps", "events")
@@ -39,7 +39,7 @@ def _params(dialect: str) -> dict[str, object]:
         "queue": "default",
         "after_ts": 0.0, "after_id": "", "page": 64, "limit": 20, "ids": ids,
         "statuses": statuses, "before": 2.0, "skip": skip, "owner": "o", "lease": 30.0,
-        "output": "{}",
+        "output": "{}", "refusal": "0", "run": "r", "head": '{"attempt":', "tail": "}",
     }  # fmt: skip
 
 

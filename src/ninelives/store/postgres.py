@@ -17,6 +17,12 @@ Same tables and journal semantics as SQLite; what differs is the claim:
   lease_epoch = :epoch``), which also renews the lease; a heartbeat thread on
   a connection of its own renews it between commits. A runner paused past its
   expiry and overtaken finds the fence closed: :class:`LeaseLost`, nothing written.
+* The server checks the fence, not the client: a closed fence fails its
+  statement (a refusal), so a commit never waits for a reply before COMMIT.
+  Starting and finishing a step are one statement each, fence included (one
+  round trip, its own transaction); other commits pipeline BEGIN, their
+  statements and COMMIT in one flush. ``tests/postgres/test_round_trips.py``
+  counts them on the wire.
 * Before a tool's effect, :meth:`PostgresStore.check_lease` refuses to go on
   unless at least half a lease is known to remain (by the monotonic clock
   since the last confirmed renewal); otherwise it renews first.
@@ -27,7 +33,6 @@ since a session advisory lock marks a live lease holder.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
@@ -46,15 +51,13 @@ from ..errors import LeaseLost, StoreError, TaskBusy, TaskExists, UnknownTask
 from ..journal import dumps
 from ..models import APPROVAL_TOOL, Event, EventKind, Run, Step, StepStatus, Task, TaskStatus
 from ..plan import Plan
-from ..policy import error_data, failure_reason
 from . import (
     DEFAULT_LEASE,
     Decision,
-    StepNotDue,
     fencing_disabled,
-    finished_data,
     heartbeat_disabled,
     postgres_parking,
+    postgres_steps,
     recovery_limit_reason,
     retry_target,
     task_exists,
@@ -122,6 +125,7 @@ class PostgresStore(PostgresHousekeeping):
         self._conn: Conn | None = None
         self._pipe: psycopg.Pipeline | None = None
         self._checks: list[Callable[[], None]] = []
+        self._refusals: list[Callable[[], Exception]] = []
         #: Large outputs, in the blobs tables (:mod:`ninelives.blobs`).
         self.blobs = TableBlobs(self)
         self._conn = self._connect()
@@ -161,15 +165,14 @@ class PostgresStore(PostgresHousekeeping):
         )
 
     def _fence(self, conn: Conn, run: Run, status: TaskStatus) -> None:
-        """The first statement of every fenced transaction; its check runs first."""
-        params = {**self._lease_params(run), "status": status.value}
-        cur = conn.execute(Q["fence" if self._fencing else "fence_unchecked"], params)
-
-        def check() -> None:
-            if cur.rowcount != 1:
-                raise self._lost(run)
-
-        self._checks.append(check)
+        """The first statement of every fenced transaction; a closed fence is a
+        refusal (:class:`LeaseLost`), so nothing after it is written."""
+        params = {
+            **self._lease_params(run),
+            "status": status.value,
+            "refusal": self._refusal(lambda: self._lost(run)),
+        }
+        conn.execute(Q["fence" if self._fencing else "fence_unchecked"], params)
 
     def _unlock_quietly(self, task_id: str, epoch: int) -> None:
         try:
@@ -241,10 +244,12 @@ class PostgresStore(PostgresHousekeeping):
             return self._load(conn, task_id)
 
     def _load(self, conn: Conn, task_id: str) -> Task:
-        row = conn.execute(Q["get_task"], {"id": task_id}).fetchone()
+        # Both sent before either reply is read: one round trip in a pipeline.
+        found = conn.execute(Q["get_task"], {"id": task_id})
+        steps = conn.execute(Q["get_steps"], {"id": task_id})
+        row = found.fetchone()
         if row is None:
             raise UnknownTask(f"unknown task {task_id!r}")
-        steps = conn.execute(Q["get_steps"], {"id": task_id})
         task = Task.from_row(row, tuple(Step.from_row(task_id, r) for r in steps))
         return resolve_task(task, self.blobs.on(conn))
 
@@ -444,23 +449,7 @@ class PostgresStore(PostgresHousekeeping):
             raise self._lost(run)
 
     def start_step(self, run: Run, idx: int, tool: str, *, tool_version: str | None = None) -> int:
-        sent = time.monotonic()
-        with self._cancel_aware(run), self._write() as conn:
-            self._fence(conn, run, TaskStatus.RUNNING)
-            params = {"id": run.task_id, "idx": idx}
-            row = self._fetch(conn.execute(Q["step_running"], params))
-            if row is None:
-                left = self._fetch(conn.execute(Q["step_due_in"], params))
-                if left is not None and left[0] > 0:
-                    raise StepNotDue(run.task_id, idx, float(left[0]))
-                raise StoreError(f"task {run.task_id!r} step {idx} is not pending")
-            attempt = int(row[0])
-            self._event(
-                conn, run.task_id, run.run_id, EventKind.STEP_STARTED, idx,
-                lineage.started_data(tool, attempt, tool_version),
-            )  # fmt: skip
-        self._after_commit(run, sent)
-        return attempt
+        return postgres_steps.start_step(self, run, idx, tool, tool_version=tool_version)
 
     def _cancel_aware(self, run: Run, *settle: Any) -> AbstractContextManager[None]:
         from . import postgres_lineage
@@ -478,51 +467,9 @@ class PostgresStore(PostgresHousekeeping):
         append: Sequence[tuple[str, str]] = (),
         fail: str | None = None,
     ) -> None:
-        sent = time.monotonic()
-        status = TaskStatus.FAILED if fail else TaskStatus.DONE if last else TaskStatus.RUNNING
-        owed = ("finish", idx, tool, output)
-        try:
-            with self._cancel_aware(run, *owed), self._write() as conn:
-                self._fence(conn, run, status)
-                cur = conn.execute(
-                    Q["step_done"], {"id": run.task_id, "idx": idx, "output": output}
-                )
-                self._expect_one(cur, f"task {run.task_id!r} step {idx} is not running")
-                self._event(
-                    conn, run.task_id, run.run_id, EventKind.STEP_FINISHED, idx,
-                    finished_data(tool, output),
-                )  # fmt: skip
-                for new_idx, (new_tool, new_input) in enumerate(append, start=idx + 1):
-                    conn.execute(
-                        Q["insert_step"],
-                        {
-                            "id": run.task_id,
-                            "idx": new_idx,
-                            "tool": new_tool,
-                            "input": new_input,
-                            "policy": None,
-                        },
-                    )
-                    self._event(
-                        conn, run.task_id, run.run_id, EventKind.STEP_APPENDED, new_idx,
-                        {"tool": new_tool, "by": idx},
-                    )  # fmt: skip
-                if append:
-                    from .postgres_lineage import extend_plan
-
-                    extend_plan(self, conn, run.task_id, idx + 1, append)
-                if fail:
-                    self._event(
-                        conn, run.task_id, run.run_id, EventKind.TASK_FAILED, None, {"reason": fail}
-                    )
-                elif last:
-                    self._event(conn, run.task_id, run.run_id, EventKind.TASK_DONE)
-        except pg_errors.UniqueViolation as exc:
-            raise StoreError(
-                f"task {run.task_id!r} already has a step at an index appended after {idx}: "
-                "steps are only appended at the end"
-            ) from exc
-        self._after_commit(run, sent)
+        postgres_steps.finish_step(
+            self, run, idx, tool, output, last=last, append=append, fail=fail
+        )
 
     def record_error(
         self,
@@ -535,55 +482,15 @@ class PostgresStore(PostgresHousekeeping):
         permanent: bool = False,
         detail: dict[str, Any] | None = None,
     ) -> bool:
-        sent = time.monotonic()
-        with self._cancel_aware(run, "error", idx, error), self._write() as conn:
-            self._fence(conn, run, TaskStatus.RUNNING)
-            row = self._fetch(
-                conn.execute(
-                    Q["step_back"],
-                    {"id": run.task_id, "idx": idx, "status": "pending", "delay": delay or None},
-                )
-            )
-            if row is None:
-                raise StoreError(f"task {run.task_id!r} step {idx} is not running")
-            attempts, retry_at = int(row[0]), row[1]
-            failed = permanent or attempts >= max_attempts
-            why = ("permanent" if permanent else "attempt_limit") if failed else None
-            data = error_data(error, attempts, detail, why=why, retry_at=retry_at, delay=delay)
-            self._event(conn, run.task_id, run.run_id, EventKind.STEP_ERROR, idx, data)
-            if failed:
-                conn.execute(Q["step_failed"], {"id": run.task_id, "idx": idx})
-                self._fence(conn, run, TaskStatus.FAILED)
-                reason = failure_reason(idx, attempts, error, permanent=permanent)
-                self._event(
-                    conn, run.task_id, run.run_id, EventKind.TASK_FAILED, idx,
-                    {"reason": reason, "why": why},
-                )  # fmt: skip
-            crashpoints.crash("error_before_commit", idx)
-        self._after_commit(run, sent)
-        return failed
+        return postgres_steps.record_error(
+            self, run, idx, error, max_attempts, delay=delay, permanent=permanent, detail=detail
+        )
 
     def checkpoint(self, run: Run, idx: int, progress: str) -> None:
-        sent = time.monotonic()
-        with self._cancel_aware(run), self._write() as conn:
-            self._fence(conn, run, TaskStatus.RUNNING)
-            cur = conn.execute(
-                Q["step_progress"], {"id": run.task_id, "idx": idx, "progress": progress}
-            )
-            self._expect_one(cur, f"task {run.task_id!r} step {idx} is not running")
-            self._event(
-                conn, run.task_id, run.run_id, EventKind.STEP_PROGRESS, idx,
-                {"progress": json.loads(progress)},
-            )  # fmt: skip
-            crashpoints.crash("checkpoint_before_commit", idx)
-        self._after_commit(run, sent)
+        postgres_steps.checkpoint(self, run, idx, progress)
 
     def finish_task(self, run: Run) -> None:
-        sent = time.monotonic()
-        with self._cancel_aware(run), self._write() as conn:
-            self._fence(conn, run, TaskStatus.DONE)
-            self._event(conn, run.task_id, run.run_id, EventKind.TASK_DONE)
-        self._after_commit(run, sent)
+        postgres_steps.finish_task(self, run)
 
     def end_run(self, run: Run) -> None:
         self._leases.pop(run.run_id, None)

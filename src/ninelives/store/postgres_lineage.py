@@ -15,7 +15,7 @@ from ..errors import LeaseLost, StoreError, TaskCancelled, UnknownTask
 from ..journal import dumps
 from ..models import EventKind, Run, Task
 from . import task_exists
-from .postgres_session import Conn, Q
+from .postgres_session import Conn, Q, not_running
 
 if TYPE_CHECKING:
     from .postgres import PostgresStore
@@ -131,8 +131,9 @@ def settle_finish(store: PostgresStore, run: Run, idx: int, tool: str, output: s
     (its effect happened), and nothing else; the task stays cancelled."""
     with store._write() as conn:
         _fence_cancelled(store, conn, run)
-        cur = conn.execute(Q["step_done"], {"id": run.task_id, "idx": idx, "output": output})
-        store._expect_one(cur, f"task {run.task_id!r} step {idx} is not running")
+        refusal = store._refusal(not_running(run.task_id, idx))
+        params = {"id": run.task_id, "idx": idx, "output": output, "refusal": refusal}
+        conn.execute(Q["step_done"], params)
         store._event(conn, run.task_id, run.run_id, EventKind.STEP_FINISHED, idx, {"tool": tool})
 
 

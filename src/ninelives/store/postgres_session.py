@@ -7,6 +7,7 @@ With :mod:`~ninelives.store.postgres`, the only modules that import psycopg.
 from __future__ import annotations
 
 import logging
+import select
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg import pq
 
 # psycopg logs a warning when it leaves a pipeline aborted by an error that we
 # handle ourselves (a unique violation at create, say). With no logging set
@@ -26,6 +28,7 @@ if not logging.getLogger("psycopg").handlers:
 
 from .. import crashpoints
 from ..errors import CommitUnknown, StoreError, TaskBusy
+from ..journal import dumps
 from ..models import Run
 from . import sql
 
@@ -33,6 +36,8 @@ if TYPE_CHECKING:
     from .postgres import PostgresStore
 
 Q = sql.load_queries("postgres")
+#: How a refusal reads in the server's error: see ``fence`` in ``sql/postgres.sql``.
+REFUSED = "ninelives-refused:"
 CONNECT_TIMEOUT = 10
 #: How long ``run`` waits for a row another runner is committing to, before exit 3.
 LOCK_TIMEOUT_MS = 2000
@@ -51,6 +56,20 @@ def _scalar(conn: Conn, query: str, params: dict[str, Any]) -> Any:
     if row is None:
         raise StoreError(f"query returned no row: {query.split()[0]}")
     return row[0]
+
+
+def not_running(task_id: str, idx: int) -> Callable[[], Exception]:
+    """The refusal of a write to a step that is not running (see :meth:`Session._refusal`)."""
+    return lambda: StoreError(f"task {task_id!r} step {idx} is not running")
+
+
+def around_attempt(data: dict[str, Any]) -> tuple[str, str]:
+    """``dumps(data)`` cut around its ``attempt`` (given as 0), which canonical JSON
+    puts first: the server writes the number it counts between the two halves."""
+    head, text = '{"attempt":', dumps(data)
+    if data.get("attempt") != 0 or not text.startswith(head + "0,"):
+        raise ValueError(f"not a step_started with attempt 0 first: {text[:40]}")
+    return head, text[len(head) + 1 :]
 
 
 class _Lease:
@@ -136,6 +155,7 @@ class Session:
     heartbeat: float
     _readonly: bool
     _empty: bool
+    _fencing: bool
     _scrub: Callable[[str], str]
     _shown: str
     _mutex: threading.Lock
@@ -143,6 +163,7 @@ class Session:
     _conn: Conn | None
     _pipe: psycopg.Pipeline | None
     _checks: list[Callable[[], None]]
+    _refusals: list[Callable[[], Exception]]
 
     # -- connections --------------------------------------------------------
 
@@ -217,12 +238,16 @@ class Session:
     @contextmanager
     def _write(self) -> Iterator[Conn]:
         """One transaction, pipelined: statements are sent without waiting for
-        each reply, and checks that need replies (the fence first) are deferred
-        to :meth:`_settle`, which runs before COMMIT or before any result is
-        read. A fenced commit costs two round trips instead of one per statement."""
+        each reply, and COMMIT goes in the same flush, so a fenced commit is one
+        round trip. The fence and the other checks of a commit are refusals
+        (:meth:`_refusal`), made by the server, which then skips the rest and
+        the COMMIT; checks that need replies on the client are deferred to
+        :meth:`_settle`, which runs before COMMIT or before any result is read
+        and costs a round trip of its own."""
         conn = self._connection()
         committing = False
         self._checks = []
+        self._refusals = []
         try:
             with conn.pipeline() as pipe:
                 self._pipe = pipe
@@ -234,10 +259,16 @@ class Session:
             # leaving the pipeline waits for the COMMIT's reply
         except BaseException as exc:
             self._checks = []
-            if committing:
+            refused = self._refused(exc)
+            # An error the server reported for a statement before COMMIT (a
+            # refusal, a duplicate key) skipped the COMMIT: nothing committed.
+            known = refused is not None or isinstance(exc, pg_errors.UniqueViolation)
+            if committing and not known:
                 self._drop()  # whatever the session's state, it is not to be trusted
             else:
                 self._rollback(conn)
+            if refused is not None:
+                raise refused from exc
             if isinstance(exc, pg_errors.UniqueViolation):
                 raise
             if isinstance(exc, psycopg.Error):
@@ -245,6 +276,68 @@ class Session:
             raise
         finally:
             self._pipe = None
+            self._refusals = []
+
+    def _one(self, name: str, params: dict[str, Any]) -> psycopg.Cursor[Any]:
+        """Run the transition ``name`` of ``sql/postgres.sql``, fenced, as one
+        statement that is its own transaction (autocommit): one round trip, and
+        one message instead of BEGIN, the statements and COMMIT. Its checks are
+        refusals (:meth:`_refusal`), registered by the caller just before."""
+        fence = "fenced" if self._fencing else "fenced_unchecked"
+        query = f"WITH fenced AS (\n{Q[fence]}\n),\n{Q[name]}"
+        conn = self._connection()
+        self._check_idle(conn)
+        try:
+            return conn.execute(query, params)
+        except psycopg.Error as exc:
+            refused = self._refused(exc)
+            if refused is not None:
+                raise refused from exc
+            if exc.sqlstate is None or conn.broken or conn.closed:
+                # No answer from the server: the statement may have committed.
+                self._drop()
+                raise self._translate(exc, committing=True) from exc
+            raise self._translate(exc, committing=False) from exc  # an error: rolled back
+        finally:
+            self._refusals = []
+
+    def _check_idle(self, conn: Conn) -> None:
+        """StoreError, with nothing sent, if the server has closed this idle session
+        (a restart, a terminated backend): its last words wait unread on the socket.
+        Found here, the statement never left, so its outcome is known (as a
+        pipelined BEGIN finds it); found after sending, it would be unknown."""
+        try:
+            # libpq reads the server's FATAL while idle as a notice; the close
+            # follows it, maybe a moment later: so once anything came unasked
+            # (rare: a notice, a parameter change, those last words), wait a
+            # little for more before trusting the session.
+            for wait in (0.0, 0.1, 0.1):
+                if not select.select([conn.pgconn.socket], [], [], wait)[0]:
+                    break
+                conn.pgconn.consume_input()
+        except (OSError, psycopg.Error) as exc:
+            self._drop()
+            raise StoreError(f"database {self._shown}: {self._why(exc)}") from exc
+        if conn.pgconn.status != pq.ConnStatus.OK:
+            self._drop()
+            raise StoreError(f"database {self._shown}: the server closed the connection")
+
+    def _refusal(self, make: Callable[[], Exception]) -> str:
+        """A token for a statement of this transaction that the server fails
+        when its check does not hold (a refusal: see ``fence`` in
+        ``sql/postgres.sql``); the transaction then raises ``make()``."""
+        self._refusals.append(make)
+        return str(len(self._refusals) - 1)
+
+    def _refused(self, exc: BaseException) -> Exception | None:
+        """What the refusal reported by ``exc`` stands for; None if it is no refusal."""
+        if not isinstance(exc, pg_errors.InvalidTextRepresentation):
+            return None
+        _, found, rest = (exc.diag.message_primary or "").partition(REFUSED)
+        token = rest.split(":", 1)[0]
+        if not found or not token.isdigit() or int(token) >= len(self._refusals):
+            return None
+        return self._refusals[int(token)]()
 
     def _settle(self) -> None:
         """Wait for the replies sent so far and run the deferred checks in order."""

@@ -119,16 +119,33 @@ UPDATE steps SET status = 'pending' WHERE task_id = %(id)s AND status = 'running
 -- name: fence
 -- Every commit of a runner goes through here first and renews its lease. A
 -- cancelled task closes the fence too (the runner then reads why: see
--- ninelives.lineage); a cancel never moves the epoch.
-UPDATE tasks
-SET status = %(status)s, updated_at = ninelives_now(),
-    lease_expires_at = ninelives_now() + %(lease)s
-WHERE id = %(id)s AND lease_epoch = %(epoch)s AND status <> 'cancelled';
+-- ninelives.lineage); a cancel never moves the epoch. A closed fence fails the
+-- statement: a "refusal", a cast error carrying the client's token, which
+-- postgres_session.py turns back into the runner's exception. The server then
+-- skips the transaction's later statements and its COMMIT, sent in the same
+-- flush: a fenced commit needs no round trip of its own to learn the fence held.
+-- (Not 1/0 or a constant cast: the planner would fold those and always fail.)
+WITH fenced AS (
+    UPDATE tasks
+    SET status = %(status)s, updated_at = ninelives_now(),
+        lease_expires_at = ninelives_now() + %(lease)s
+    WHERE id = %(id)s AND lease_epoch = %(epoch)s AND status <> 'cancelled'
+    RETURNING 1
+)
+SELECT CASE WHEN count(*) = 1 THEN 1
+    ELSE ('ninelives-refused:' || %(refusal)s || ':' || count(*))::integer END
+FROM fenced;
 
 -- name: fence_unchecked
 -- Test-only (see ninelives.store.fencing_disabled): the fence without its epoch.
-UPDATE tasks SET status = %(status)s, updated_at = ninelives_now()
-WHERE id = %(id)s AND status <> 'cancelled';
+WITH fenced AS (
+    UPDATE tasks SET status = %(status)s, updated_at = ninelives_now()
+    WHERE id = %(id)s AND status <> 'cancelled'
+    RETURNING 1
+)
+SELECT CASE WHEN count(*) = 1 THEN 1
+    ELSE ('ninelives-refused:' || %(refusal)s || ':' || count(*))::integer END
+FROM fenced;
 
 -- name: renew
 -- No expiry condition, on purpose (as in the fence): a lapsed lease that nobody
@@ -180,18 +197,101 @@ WHERE task_id = %(id)s AND idx = %(idx)s AND status = 'pending'
   AND (not_before IS NULL OR not_before <= ninelives_now())
 RETURNING attempts;
 
+-- name: fenced
+-- PostgreSQL only: the fence's UPDATE as the first CTE of a transition that
+-- is one statement (start_step, finish_step below): "WITH fenced AS (this)".
+-- One statement is its own transaction, committed in one round trip and one
+-- message; an error anywhere in it (a refusal) writes nothing.
+UPDATE tasks
+SET status = %(status)s, updated_at = ninelives_now(),
+    lease_expires_at = ninelives_now() + %(lease)s
+WHERE id = %(id)s AND lease_epoch = %(epoch)s AND status <> 'cancelled'
+RETURNING 1;
+
+-- name: fenced_unchecked
+-- Test-only, as fence_unchecked.
+UPDATE tasks SET status = %(status)s, updated_at = ninelives_now()
+WHERE id = %(id)s AND status <> 'cancelled'
+RETURNING 1;
+
+-- name: start_step
+-- PostgreSQL only, after "WITH fenced AS (fenced),": step_running and its
+-- step_started event. The event's data is canonical JSON whose first key is
+-- "attempt" (ninelives.lineage.started_data): the client sends what comes
+-- before and after the number. The step's UPDATE reads fenced, so the task's
+-- row is locked before the step's, in the order every other writer takes them.
+-- Refused if the fence is closed, else if the step is not startable (the
+-- runner then reads step_due_in to say why).
+running AS (
+    UPDATE steps SET status = 'running', attempts = attempts + 1, not_before = NULL
+    WHERE task_id = %(id)s AND idx = %(idx)s AND status = 'pending'
+      AND (not_before IS NULL OR not_before <= ninelives_now())
+      AND EXISTS (SELECT 1 FROM fenced)
+    RETURNING attempts
+), journaled AS (
+    INSERT INTO events (ts, task_id, run_id, kind, step_idx, data)
+    SELECT ninelives_now(), %(id)s, %(run)s, 'step_started', %(idx)s,
+           %(head)s || attempts || %(tail)s
+    FROM running
+)
+SELECT CASE
+    WHEN (SELECT count(*) FROM fenced) <> 1 THEN
+        ('ninelives-refused:' || %(fence)s || ':' || (SELECT count(*) FROM fenced))::integer
+    WHEN count(*) <> 1 THEN ('ninelives-refused:' || %(refusal)s || ':' || count(*))::integer
+    ELSE max(attempts) END
+FROM running;
+
+-- name: finish_step
+-- PostgreSQL only, after "WITH fenced AS (fenced),": step_done and its
+-- step_finished event, then task_done or task_failed when %(then)s names one,
+-- journaled in that order. Refused as start_step.
+done AS (
+    UPDATE steps SET status = 'done', output = %(output)s
+    WHERE task_id = %(id)s AND idx = %(idx)s AND status = 'running'
+      AND EXISTS (SELECT 1 FROM fenced)
+    RETURNING 1
+), journaled AS (
+    INSERT INTO events (ts, task_id, run_id, kind, step_idx, data)
+    SELECT ninelives_now(), %(id)s, %(run)s, e.kind, e.step, e.data
+    FROM (VALUES (1, 'step_finished'::text, %(idx)s::integer, %(data)s::text),
+                 (2, %(then)s::text, NULL::integer, %(then_data)s::text)) AS e (n, kind, step, data)
+    WHERE e.kind IS NOT NULL AND EXISTS (SELECT 1 FROM done)
+    ORDER BY e.n
+)
+SELECT CASE
+    WHEN (SELECT count(*) FROM fenced) <> 1 THEN
+        ('ninelives-refused:' || %(fence)s || ':' || (SELECT count(*) FROM fenced))::integer
+    WHEN count(*) <> 1 THEN ('ninelives-refused:' || %(refusal)s || ':' || count(*))::integer
+    ELSE 1 END
+FROM done;
+
 -- name: step_due_in
 -- Why step_running matched nothing: seconds until a pending step is due (NULL: not pending).
 SELECT coalesce(not_before - ninelives_now(), 0) FROM steps
 WHERE task_id = %(id)s AND idx = %(idx)s AND status = 'pending';
 
 -- name: step_progress
-UPDATE steps SET progress = %(progress)s
-WHERE task_id = %(id)s AND idx = %(idx)s AND status = 'running';
+-- Refused unless the step is running, as step_done.
+WITH saved AS (
+    UPDATE steps SET progress = %(progress)s
+    WHERE task_id = %(id)s AND idx = %(idx)s AND status = 'running'
+    RETURNING 1
+)
+SELECT CASE WHEN count(*) = 1 THEN 1
+    ELSE ('ninelives-refused:' || %(refusal)s || ':' || count(*))::integer END
+FROM saved;
 
 -- name: step_done
-UPDATE steps SET status = 'done', output = %(output)s
-WHERE task_id = %(id)s AND idx = %(idx)s AND status = 'running';
+-- Refused (see the fence) unless the step was running: checked by the server,
+-- within the commit's single round trip.
+WITH done AS (
+    UPDATE steps SET status = 'done', output = %(output)s
+    WHERE task_id = %(id)s AND idx = %(idx)s AND status = 'running'
+    RETURNING 1
+)
+SELECT CASE WHEN count(*) = 1 THEN 1
+    ELSE ('ninelives-refused:' || %(refusal)s || ':' || count(*))::integer END
+FROM done;
 
 -- name: step_back
 -- %(delay)s NULL: due at once; otherwise not started again before now + delay.

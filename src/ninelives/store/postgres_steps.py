@@ -1,0 +1,218 @@
+"""A runner's step transitions on PostgreSQL: start, finish, error, progress, done.
+
+Functions of a :class:`~ninelives.store.postgres.PostgresStore` (the methods of
+the Store protocol call them), kept out of that module so that it stays
+readable. Each is one fenced transaction. Starting and finishing a step, the
+two commits of every step, are one statement each (``start_step`` and
+``finish_step`` in ``sql/postgres.sql``, after the fence): one round trip and
+one message; the others pipeline BEGIN, their statements and COMMIT in one
+flush, a round trip more when a reply is needed before COMMIT (an error's
+attempt count, an agent turn's plan digest).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from psycopg import errors as pg_errors
+
+from .. import crashpoints, lineage
+from ..errors import StoreError
+from ..journal import dumps
+from ..models import EventKind, Run, TaskStatus
+from ..policy import error_data, failure_reason
+from . import StepNotDue, finished_data
+from .postgres_session import Q, around_attempt, not_running
+
+if TYPE_CHECKING:
+    from .postgres import PostgresStore
+
+
+class _NotStartable(StoreError):
+    """start_step's refusal: the step is not pending, or not yet due."""
+
+
+def start_step(
+    store: PostgresStore, run: Run, idx: int, tool: str, *, tool_version: str | None = None
+) -> int:
+    """See :meth:`ninelives.store.Store.start_step`: one statement, the fence first."""
+    sent = time.monotonic()
+    head, tail = around_attempt(lineage.started_data(tool, 0, tool_version))
+    try:
+        with store._cancel_aware(run):
+            store._refusals = []
+            params = {
+                **store._lease_params(run), "status": TaskStatus.RUNNING.value,
+                "idx": idx, "run": run.run_id, "head": head, "tail": tail,
+                "fence": store._refusal(lambda: store._lost(run)),
+                "refusal": store._refusal(_NotStartable),
+            }  # fmt: skip
+            row = store._one("start_step", params).fetchone()
+    except _NotStartable:
+        raise not_started(store, run, idx) from None
+    if row is None:
+        raise StoreError(f"task {run.task_id!r} step {idx}: no attempt returned")
+    store._after_commit(run, sent)
+    return int(row[0])
+
+
+def not_started(store: PostgresStore, run: Run, idx: int) -> Exception:
+    """Why a step could not start (read only on that path): not yet due, or not pending."""
+    with store._read() as conn:
+        left = conn.execute(Q["step_due_in"], {"id": run.task_id, "idx": idx}).fetchone()
+    if left is not None and left[0] > 0:
+        return StepNotDue(run.task_id, idx, float(left[0]))
+    return StoreError(f"task {run.task_id!r} step {idx} is not pending")
+
+
+def finish_step(
+    store: PostgresStore,
+    run: Run,
+    idx: int,
+    tool: str,
+    output: str,
+    *,
+    last: bool,
+    append: Sequence[tuple[str, str]] = (),
+    fail: str | None = None,
+) -> None:
+    """See :meth:`ninelives.store.Store.finish_step`: one statement unless the step
+    appends steps (an agent turn), which pipelines its statements."""
+    sent = time.monotonic()
+    status = TaskStatus.FAILED if fail else TaskStatus.DONE if last else TaskStatus.RUNNING
+    owed = ("finish", idx, tool, output)
+    if not append:  # the common case: one statement
+        then, then_data = (
+            (EventKind.TASK_FAILED.value, dumps({"reason": fail}))
+            if fail
+            else (EventKind.TASK_DONE.value, dumps({}))
+            if last
+            else (None, None)
+        )
+        with store._cancel_aware(run, *owed):
+            store._refusals = []
+            store._one(
+                "finish_step",
+                {**store._lease_params(run), "status": status.value, "idx": idx,
+                 "run": run.run_id, "output": output,
+                 "data": dumps(finished_data(tool, output)), "then": then,
+                 "then_data": then_data, "fence": store._refusal(lambda: store._lost(run)),
+                 "refusal": store._refusal(not_running(run.task_id, idx))},
+            )  # fmt: skip
+        store._after_commit(run, sent)
+        return
+    try:
+        with store._cancel_aware(run, *owed), store._write() as conn:
+            store._fence(conn, run, status)
+            refusal = store._refusal(not_running(run.task_id, idx))
+            conn.execute(
+                Q["step_done"],
+                {"id": run.task_id, "idx": idx, "output": output, "refusal": refusal},
+            )
+            store._event(
+                conn, run.task_id, run.run_id, EventKind.STEP_FINISHED, idx,
+                finished_data(tool, output),
+            )  # fmt: skip
+            for new_idx, (new_tool, new_input) in enumerate(append, start=idx + 1):
+                conn.execute(
+                    Q["insert_step"],
+                    {
+                        "id": run.task_id,
+                        "idx": new_idx,
+                        "tool": new_tool,
+                        "input": new_input,
+                        "policy": None,
+                    },
+                )
+                store._event(
+                    conn, run.task_id, run.run_id, EventKind.STEP_APPENDED, new_idx,
+                    {"tool": new_tool, "by": idx},
+                )  # fmt: skip
+            if append:
+                from .postgres_lineage import extend_plan
+
+                extend_plan(store, conn, run.task_id, idx + 1, append)
+            if fail:
+                store._event(
+                    conn, run.task_id, run.run_id, EventKind.TASK_FAILED, None, {"reason": fail}
+                )
+            elif last:
+                store._event(conn, run.task_id, run.run_id, EventKind.TASK_DONE)
+    except pg_errors.UniqueViolation as exc:
+        raise StoreError(
+            f"task {run.task_id!r} already has a step at an index appended after {idx}: "
+            "steps are only appended at the end"
+        ) from exc
+    store._after_commit(run, sent)
+
+
+def record_error(
+    store: PostgresStore,
+    run: Run,
+    idx: int,
+    error: str,
+    max_attempts: int,
+    *,
+    delay: float | None = None,
+    permanent: bool = False,
+    detail: dict[str, Any] | None = None,
+) -> bool:
+    """See :meth:`ninelives.store.Store.record_error`: the journal entry needs the
+    attempt count, so the commit waits for it (two round trips)."""
+    sent = time.monotonic()
+    with store._cancel_aware(run, "error", idx, error), store._write() as conn:
+        store._fence(conn, run, TaskStatus.RUNNING)
+        row = store._fetch(
+            conn.execute(
+                Q["step_back"],
+                {"id": run.task_id, "idx": idx, "status": "pending", "delay": delay or None},
+            )
+        )
+        if row is None:
+            raise StoreError(f"task {run.task_id!r} step {idx} is not running")
+        attempts, retry_at = int(row[0]), row[1]
+        failed = permanent or attempts >= max_attempts
+        why = ("permanent" if permanent else "attempt_limit") if failed else None
+        data = error_data(error, attempts, detail, why=why, retry_at=retry_at, delay=delay)
+        store._event(conn, run.task_id, run.run_id, EventKind.STEP_ERROR, idx, data)
+        if failed:
+            conn.execute(Q["step_failed"], {"id": run.task_id, "idx": idx})
+            store._fence(conn, run, TaskStatus.FAILED)
+            reason = failure_reason(idx, attempts, error, permanent=permanent)
+            store._event(
+                conn, run.task_id, run.run_id, EventKind.TASK_FAILED, idx,
+                {"reason": reason, "why": why},
+            )  # fmt: skip
+        crashpoints.crash("error_before_commit", idx)
+    store._after_commit(run, sent)
+    return failed
+
+
+def checkpoint(store: PostgresStore, run: Run, idx: int, progress: str) -> None:
+    """See :meth:`ninelives.store.Store.checkpoint`: one round trip."""
+    sent = time.monotonic()
+    with store._cancel_aware(run), store._write() as conn:
+        store._fence(conn, run, TaskStatus.RUNNING)
+        refusal = store._refusal(not_running(run.task_id, idx))
+        conn.execute(
+            Q["step_progress"],
+            {"id": run.task_id, "idx": idx, "progress": progress, "refusal": refusal},
+        )
+        store._event(
+            conn, run.task_id, run.run_id, EventKind.STEP_PROGRESS, idx,
+            {"progress": json.loads(progress)},
+        )  # fmt: skip
+        crashpoints.crash("checkpoint_before_commit", idx)
+    store._after_commit(run, sent)
+
+
+def finish_task(store: PostgresStore, run: Run) -> None:
+    """See :meth:`ninelives.store.Store.finish_task`: one round trip."""
+    sent = time.monotonic()
+    with store._cancel_aware(run), store._write() as conn:
+        store._fence(conn, run, TaskStatus.DONE)
+        store._event(conn, run.task_id, run.run_id, EventKind.TASK_DONE)
+    store._after_commit(run, sent)
