@@ -27,30 +27,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import statistics
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import ninelives
-from ninelives.settings import Settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_overhead import PLAN, stub_tools
+from step_overhead import stub_tools, time_ninelives
+from workers import _pgcluster
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _pgcluster() -> Any:
-    spec = importlib.util.spec_from_file_location("pgcluster", ROOT / "tests" / "pgcluster.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @contextlib.contextmanager
@@ -64,21 +53,6 @@ def pg_databases(url: str | None) -> Iterator[tuple[str, str]]:
                server.url(server.create_database("pgstep_raw")))  # fmt: skip
     finally:
         server.stop()
-
-
-def time_ninelives(url: str, folder: Path, tasks: int, start: int) -> tuple[float, float]:
-    """Seconds to create and to run ``tasks`` tasks (3 steps each)."""
-    settings = Settings(artifacts=str(folder / "artifacts"))
-    with ninelives.open(url, settings=settings, tools=stub_tools()) as rt:
-        ids = [f"t{start + i}" for i in range(tasks)]
-        t0 = time.perf_counter()
-        for task_id in ids:
-            rt.create(task_id, PLAN)
-        t1 = time.perf_counter()
-        for task_id in ids:
-            rt.run(task_id)
-        t2 = time.perf_counter()
-    return t1 - t0, t2 - t1
 
 
 def time_transitions(url: str, steps: int, task_id: str) -> list[float]:
@@ -133,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         step_all, step_run, steps_each, pairs_each = [], [], [], []
         for r in range(args.rounds):
             steps_each += time_transitions(nl_url, steps, f"steps{r}")
-            create_s, run_s = time_ninelives(nl_url, Path(tmp), per_round, r * per_round)
+            create_s, run_s = time_ninelives(Path(tmp), per_round, r * per_round, db=nl_url)
             pairs_each += time_raw_commits(raw_url, steps)
             step_all.append((create_s + run_s) / steps)
             step_run.append(run_s / steps)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import os
 import sqlite3
 import statistics
@@ -45,6 +44,9 @@ from ninelives.store import open_store
 from ninelives.tools import Registry
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from workers import _pgcluster  # noqa: E402
+
 PLAN = {
     "goal": "Summarize notes into a report",
     "steps": [
@@ -280,15 +282,6 @@ def table(results: dict[str, dict[str, dict[str, float]]], args: argparse.Namesp
                 f"{big / empty:.2f}x |"
             )
     return "\n".join(lines)
-
-
-def _pgcluster() -> Any:
-    spec = importlib.util.spec_from_file_location("pgcluster", ROOT / "tests" / "pgcluster.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @contextlib.contextmanager

@@ -52,10 +52,15 @@ def stub_tools() -> Registry:
     return registry
 
 
-def time_ninelives(folder: Path, tasks: int, start: int) -> tuple[float, float]:
-    """Seconds to create and to run ``tasks`` tasks (3 steps each)."""
+def time_ninelives(
+    folder: Path, tasks: int, start: int, db: str | None = None
+) -> tuple[float, float]:
+    """Seconds to create and to run ``tasks`` tasks (3 steps each), in ``db`` (a
+    PostgreSQL URL) or else in ``folder``'s ``state.db``."""
     settings = Settings(artifacts=str(folder / "artifacts"))
-    with ninelives.open(str(folder / "state.db"), settings=settings, tools=stub_tools()) as rt:
+    with ninelives.open(
+        db or str(folder / "state.db"), settings=settings, tools=stub_tools()
+    ) as rt:
         ids = [f"t{start + i}" for i in range(tasks)]
         t0 = time.perf_counter()
         for task_id in ids:
