@@ -139,13 +139,16 @@ def test_checkpointed_chunks_survive_ten_kills_and_none_is_processed_twice(
     assert committed == list(range(1, 51))  # every chunk checkpointed once, in order
     assert lab.cli("status", "killed", "--json").json()["steps"][0]["progress"]["next"] == 50
     starts = {attempt: start for attempt, start, _ in lines}
-    assert len(starts) == 11
+    # A last kill after chunk 49's checkpoint leaves the final attempt nothing to
+    # process: it logs no line (and starts at 50).
+    finished_before_last_attempt = kills[-1] == 49 and after
+    assert len(starts) == (10 if finished_before_last_attempt else 11)
     last = 0  # the progress committed before each attempt is where it started
     for event in lab.cli("export", "killed").jsonl():
         if event["kind"] == "step_progress":
             last = event["progress"]["next"]
         elif event["kind"] == "step_started":
-            assert starts[event["attempt"]] == last, event
+            assert starts.get(event["attempt"], 50) == last, event
     twice = sorted({i for i in processed if processed.count(i) > 1})
     assert set(twice) <= set(kills)
     assert sorted(set(processed)) == list(range(50))
