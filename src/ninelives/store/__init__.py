@@ -455,6 +455,22 @@ class MissingStore:
         pass
 
 
+def step_rows(task_id: str, plan: Plan) -> list[dict[str, Any]]:
+    """The ``insert_step`` parameters of a new task's steps, the same on both stores."""
+    from ..journal import dumps
+
+    return [
+        {
+            "id": task_id,
+            "idx": i,
+            "tool": s.tool,
+            "input": dumps(s.input),
+            "policy": dumps(s.policy) if s.policy else None,
+        }
+        for i, s in enumerate(plan.steps)
+    ]
+
+
 def task_exists(task_id: str, stored: str) -> TaskExists:
     """The error for a create of ``task_id`` when ``stored`` (equal but for case) exists.
 

@@ -60,6 +60,7 @@ from . import (
     postgres_steps,
     recovery_limit_reason,
     retry_target,
+    step_rows,
     task_exists,
 )
 from .conninfo import Redactor, redact_url
@@ -216,19 +217,7 @@ class PostgresStore(PostgresHousekeeping):
                      "plan_sha256": digest},
                 )  # fmt: skip
                 with conn.cursor() as cur:
-                    cur.executemany(
-                        Q["insert_step"],
-                        [
-                            {
-                                "id": task_id,
-                                "idx": i,
-                                "tool": s.tool,
-                                "input": dumps(s.input),
-                                "policy": dumps(s.policy) if s.policy else None,
-                            }
-                            for i, s in enumerate(plan.steps)
-                        ],
-                    )
+                    cur.executemany(Q["insert_step"], step_rows(task_id, plan))
                 self._event(
                     conn, task_id, run_id, EventKind.TASK_CREATED, None, {"steps": len(plan.steps)}
                 )

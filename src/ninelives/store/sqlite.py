@@ -42,6 +42,7 @@ from . import (
     retry_target,
     sql,
     sqlite_parking,
+    step_rows,
     task_exists,
 )
 from .sqlite_files import (
@@ -325,16 +326,7 @@ class SQLiteStore(SQLiteHousekeepingWrites):
                     {"id": task_id, "goal": plan.goal, "now": now, "queue": queue,
                      "artifacts": artifacts, "plan_sha256": digest},
                 )  # fmt: skip
-                rows = [
-                    {
-                        "id": task_id,
-                        "idx": i,
-                        "tool": s.tool,
-                        "input": dumps(s.input),
-                        "policy": dumps(s.policy) if s.policy else None,
-                    }
-                    for i, s in enumerate(plan.steps)
-                ]
+                rows = step_rows(task_id, plan)
                 conn.executemany(Q["insert_step"], rows)
                 self._event(
                     conn, task_id, run_id, EventKind.TASK_CREATED, None,
