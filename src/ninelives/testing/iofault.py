@@ -134,7 +134,7 @@ class FaultReport:
         return lines + [f"  {p}" for p in self.problems[:10]]
 
 
-def prepare_template(folder: Path) -> Lab:
+def prepare_lab(folder: Path) -> Lab:
     """A lab with the guide's input and plan and the task ``t`` created, in the
     default queue (so that ``run`` and ``worker`` alike can run it)."""
     lab = Lab(folder)
@@ -323,10 +323,7 @@ def sweep(
     shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
     root = Path(tempfile.mkdtemp(prefix="iofault-", dir=base or shm))
     try:
-        template = prepare_template(root / "template")
-        counter = root / "count"
-        shutil.copytree(template.root, counter)
-        counts = count_calls(Lab(counter), syscalls, command)
+        counts = count_calls(prepare_lab(root / "count"), syscalls, command)
         cases = [
             FaultCase(syscall=s, error=e, when=n)
             for s in syscalls
@@ -336,8 +333,10 @@ def sweep(
         cases = [c for c in cases if select is None or select(c)]
 
         def one(item: tuple[int, FaultCase]) -> FaultOutcome:
-            folder = root / f"case{item[0]}"
-            shutil.copytree(template.root, folder)
+            # Each case creates its own task rather than copying one: a task
+            # records its artifacts folder at create, so copies would all
+            # publish into (and race on) the first folder's.
+            folder = prepare_lab(root / f"case{item[0]}").root
             outcome = check_case(folder, item[1], runner, command)
             if not outcome.problems:
                 shutil.rmtree(folder, ignore_errors=True)
