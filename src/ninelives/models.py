@@ -155,7 +155,8 @@ class Task(NamedTuple):
     updated_at: float
     steps: tuple[Step, ...]
     lease_epoch: int = 0
-    #: The absolute folder recorded at create for its artifacts; None for tasks
+    #: The absolute folder recorded at create for its artifacts (on SQLite, one
+    #: beside the database moves with it); None for tasks
     #: written by the guide's code or older versions (the runner's settings decide).
     artifacts: str | None = None
     #: SHA-256 of the canonical plan (:func:`ninelives.lineage.plan_digest`), kept

@@ -3,12 +3,15 @@ task publishes to (recorded at create), and ``Runtime.submit`` (create or resume
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 from ninelives.testing import Lab
+from ninelives.testing.lab import SUMMARY_NOTES
+from ninelives.tools.builtin import stub_summary
 
 CREATE_AND_RUN = """
 import os, sys
@@ -136,3 +139,38 @@ def test_a_worker_given_another_folder_publishes_where_the_task_began(lab: Lab) 
     assert f"WARNING: publishing to {lab.root / 'artifacts'}" in worker.stderr
     assert sorted(lab.artifacts()) == ["t-2.md"]
     assert not (lab.root / "other").exists()
+
+
+def test_a_project_moved_or_copied_whole_publishes_beside_its_own_database(
+    sqlite_lab: Lab, tmp_path: Path
+) -> None:
+    """The folder recorded at create lies beside the database: after the project
+    folder is moved (or copied), a resumed task publishes into its new place,
+    never into (or recreating) the old one."""
+    sqlite_lab.guide_setup()
+    assert sqlite_lab.cli("create", "t", "plan.json").returncode == 0
+    assert sqlite_lab.cli("run", "t", AGENT_CRASH_AT="after_commit:0").returncode == -9
+    moved = Lab(sqlite_lab.root.rename(tmp_path / "moved"))
+    copy = Lab(shutil.copytree(moved.root, tmp_path / "copy"))
+    for project in (moved, copy):
+        resumed = project.cli("run", "t")
+        assert resumed.returncode == 0, resumed.stderr
+        assert project.artifacts() == {"t-2.md": stub_summary(SUMMARY_NOTES)}
+        assert project.cli("verify", "t").returncode == 0
+    assert not sqlite_lab.root.exists()
+
+
+def test_an_artifacts_folder_outside_the_project_stays_where_it_was(
+    sqlite_lab: Lab, tmp_path: Path
+) -> None:
+    """A folder outside the database's own is recorded as it is: moving the
+    project does not move where its tasks publish."""
+    shared = tmp_path / "shared"
+    sqlite_lab.guide_setup()
+    made = sqlite_lab.cli("create", "t", "plan.json", AGENT_ARTIFACTS=str(shared))
+    assert made.returncode == 0, made.stderr
+    moved = Lab(sqlite_lab.root.rename(tmp_path / "moved"))
+    resumed = moved.cli("run", "t")
+    assert resumed.returncode == 0, resumed.stderr
+    assert sorted(p.name for p in shared.iterdir()) == ["t-2.md"]
+    assert not (moved.root / "artifacts").exists()

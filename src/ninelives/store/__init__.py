@@ -57,7 +57,9 @@ class Store(Protocol):
 
         With ``queue``, workers of that queue find and run the task; without it
         only ``run`` does. ``artifacts`` (an absolute folder) is recorded with the
-        task and read back as ``Task.artifacts``; every run publishes there.
+        task and read back (absolute) as ``Task.artifacts``; every run publishes
+        there. SQLite records a folder inside the database's own folder relative
+        to it, so that a project moved or copied whole publishes in its new place.
         Raises :class:`~ninelives.errors.TaskExists` (changing nothing) if the id
         is taken.
         """

@@ -54,6 +54,8 @@ from .sqlite_files import (
     not_ours,
     quick_check_findings,
     resolve,
+    resolved_folder,
+    stored_folder,
 )
 from .sqlite_housekeeping import SQLiteHousekeepingWrites
 
@@ -324,7 +326,7 @@ class SQLiteStore(SQLiteHousekeepingWrites):
                 conn.execute(
                     Q["insert_task"],
                     {"id": task_id, "goal": plan.goal, "now": now, "queue": queue,
-                     "artifacts": artifacts, "plan_sha256": digest},
+                     "artifacts": stored_folder(self.path, artifacts), "plan_sha256": digest},
                 )  # fmt: skip
                 rows = step_rows(task_id, plan)
                 conn.executemany(Q["insert_step"], rows)
@@ -358,6 +360,8 @@ class SQLiteStore(SQLiteHousekeepingWrites):
             raise UnknownTask(f"unknown task {task_id!r}")
         steps = conn.execute(Q["get_steps"], {"id": task_id})
         task = Task.from_row(row, tuple(Step.from_row(task_id, r) for r in steps))
+        if task.artifacts is not None and not os.path.isabs(task.artifacts):
+            task = task._replace(artifacts=resolved_folder(self.path, task.artifacts))
         return resolve_task(task, self.blobs) if resolve else task
 
     def task_ids(self) -> list[str]:

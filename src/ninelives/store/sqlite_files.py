@@ -74,6 +74,27 @@ def resolve(path: str, *, create: bool) -> tuple[str, os.stat_result | None]:
     return real, st
 
 
+def stored_folder(db: str, folder: str | None) -> str | None:
+    """How a task's artifacts folder (absolute) is recorded in database ``db``
+    (its real path): relative to the database's folder when inside it, so that
+    a project moved or copied whole keeps publishing beside its own database
+    rather than into the old place; absolute otherwise."""
+    if folder is None:
+        return None
+    base = os.path.dirname(db)
+    if os.path.commonpath([base, folder]) != base:
+        return folder
+    return os.path.relpath(folder, base)
+
+
+def resolved_folder(db: str, stored: str | None) -> str | None:
+    """The absolute artifacts folder that :func:`stored_folder` recorded (tasks
+    of earlier versions recorded absolute folders, kept as they are)."""
+    if stored is None or os.path.isabs(stored):
+        return stored
+    return os.path.normpath(os.path.join(os.path.dirname(db), stored))
+
+
 def check_file(shown: str, st: os.stat_result) -> None:
     """Raise :class:`StoreError` unless ``st`` is a regular file with one name."""
     if stat.S_ISDIR(st.st_mode):

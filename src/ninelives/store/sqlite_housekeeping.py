@@ -20,6 +20,7 @@ from ..journal import dumps
 from ..locking import TaskLock, is_held, lock_folder, lock_path, remove_lock
 from ..models import Deleted, MetricCounts, TaskHold, TaskSummary, step_durations
 from . import sql
+from .sqlite_files import resolved_folder
 
 Q = sql.load_queries("sqlite")
 T = TypeVar("T")
@@ -83,7 +84,8 @@ class SQLiteHousekeeping:
         """Every artifacts folder recorded with a task."""
         if self._empty:
             return []
-        return self._reading(lambda conn: [r[0] for r in conn.execute(Q["artifact_folders"])])
+        rows = self._reading(lambda conn: conn.execute(Q["artifact_folders"]).fetchall())
+        return sorted({str(resolved_folder(self.path, r[0])) for r in rows})
 
     def schema_version(self) -> tuple[int, int]:
         """``(stored, newest this version knows)``."""

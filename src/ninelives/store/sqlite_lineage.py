@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .sqlite import SQLiteStore
 
 from .sqlite import Q
+from .sqlite_files import stored_folder
 
 
 def cancel_task(
@@ -64,7 +65,8 @@ def fork_task(
         conn.execute(
             Q["insert_task"],
             {"id": new_id, "goal": source.goal, "now": now, "queue": queue,
-             "artifacts": source.artifacts or artifacts, "plan_sha256": digest},
+             "artifacts": stored_folder(store.path, source.artifacts or artifacts),
+             "plan_sha256": digest},
         )  # fmt: skip
         for step in steps:
             params = {

@@ -44,6 +44,7 @@ from .sqlite_files import (
     not_ours,
     quick_check_findings,
     resolve,
+    resolved_folder,
 )
 from .sqlite_housekeeping import SQLiteHousekeeping
 
@@ -256,7 +257,8 @@ class SQLiteReader(SQLiteHousekeeping):
             if row is None:
                 return None
             steps = conn.execute(self._get_steps, {"id": task_id})
-            return Task.from_row(row, tuple(Step.from_row(task_id, r) for r in steps))
+            task = Task.from_row(row, tuple(Step.from_row(task_id, r) for r in steps))
+            return task._replace(artifacts=resolved_folder(self.path, task.artifacts))
 
         task = self._reading(load)
         if task is None:
