@@ -141,6 +141,16 @@ def _runtime(args: argparse.Namespace, *, create: bool = True, readonly: bool = 
     )  # fmt: skip
 
 
+def _reader(args: argparse.Namespace) -> Any:
+    """The database opened for reading only, for commands that only read: no
+    runtime, settings or tools imported (a cold ``status`` starts faster)."""
+    from contextlib import closing
+
+    from .store import open_store
+
+    return closing(open_store(args.db, readonly=True))
+
+
 def _plural(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
@@ -389,13 +399,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     from .journal import calls_models, model_usage
 
     as_json = args.json or not _on_terminal()
-    with _runtime(args, readonly=True) as rt:
-        task = rt.status(args.task_id)
+    with _reader(args) as store:
+        task = store.get_task(args.task_id)
         # Only a task that calls models gets the cost keys: the guide's tasks
         # keep exactly the contract's four.
-        usage = (
-            model_usage(task, rt.store.events(task.id)) if as_json and calls_models(task) else {}
-        )
+        usage = model_usage(task, store.events(task.id)) if as_json and calls_models(task) else {}
     if as_json:
         view = task.as_status()
         view.update(usage)
@@ -426,9 +434,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    with _runtime(args, readonly=True) as rt:
-        events = rt.export(args.task_id)
-        task = rt.status(args.task_id) if args.format == "otlp-json" else None
+    from .store import journal
+
+    with _reader(args) as store:
+        events = journal(store, args.task_id)
+        task = store.get_task(args.task_id) if args.format == "otlp-json" else None
     if args.format == "csv":
         from .traces import csv_lines
 

@@ -44,9 +44,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     from .runtime import check_task_id
 
     check_task_id(args.task_id)
-    with cli._runtime(args, readonly=True) as rt:
-        task = rt.status(args.task_id)
-        page = render(task, rt.export(args.task_id), version=__version__)
+    from .store import journal
+
+    with cli._reader(args) as store:
+        task = store.get_task(args.task_id)
+        page = render(task, journal(store, args.task_id), version=__version__)
     target = args.output if args.output is not None else f"report-{task.id}.html"
     if target == "-":
         cli._out(page)

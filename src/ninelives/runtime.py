@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from . import crashpoints
 from .blobs import escape, needs_escape
 from .errors import (
-    BlobDamaged,
     CommitUnknown,
     InputError,
     InvalidTaskId,
@@ -43,7 +42,7 @@ from .models import (
 )
 from .policy import Limits, StepTimeout, describe, limits_for, retry_delay
 from .settings import Settings
-from .store import StepNotDue, Store, open_store
+from .store import StepNotDue, Store, journal, open_store
 
 if TYPE_CHECKING:
     from .agent import Continuation
@@ -247,11 +246,7 @@ class Runtime:
 
         Also for a task whose output blob is missing or damaged: the journal
         needs no output, and it shows the reference that cannot be read."""
-        try:
-            self.store.get_task(task_id)
-        except BlobDamaged:
-            pass  # the task exists
-        return self.store.events(task_id)
+        return journal(self.store, task_id)
 
     def run(self, task_id: str) -> Task:
         """Recover the task, then run its pending steps in order until done.

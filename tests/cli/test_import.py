@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+from ninelives.testing import Lab
+
 #: Modules the command's start-up path must not load (slow or third-party).
 HEAVY = ["psycopg", "asyncio", "hashlib", "_hashlib", "importlib.metadata"]
 
@@ -63,3 +65,21 @@ def test_the_probe_sees_heavy_imports() -> None:
     assert "sqlite3" in modules
     assert "hashlib" in modules
     assert third_party(loaded_by("import pytest")) != []
+
+
+def test_status_and_export_read_without_the_runtime(sqlite_lab: Lab) -> None:
+    """The read-only commands open the store alone: no runtime, settings or tools."""
+    sqlite_lab.guide_setup()
+    assert sqlite_lab.cli("create", "t", "plan.json").returncode == 0
+    for command in ("status", "export"):
+        code = (
+            "import contextlib, io, os, sys\n"
+            f"os.chdir({str(sqlite_lab.root)!r})\n"
+            "from ninelives.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    assert main([{command!r}, 't']) == 0\n"
+        )
+        modules = loaded_by(code)
+        assert "ninelives.store.sqlite_reader" in modules  # the control: it did read
+        heavy = ("ninelives.runtime", "ninelives.settings", "ninelives.tools", "ninelives.policy")
+        assert [m for m in modules if m.startswith(heavy)] == [], command

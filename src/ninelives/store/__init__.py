@@ -580,6 +580,21 @@ def heartbeat_disabled(url: str, env: Mapping[str, str] | None = None) -> bool:
     return env.get("NINELIVES_TEST_DISABLE_HEARTBEAT", "") == _UNFENCED_PREFIX + url
 
 
+def journal(store: Store, task_id: str) -> list[Event]:
+    """The task's journal in ``seq`` order; :class:`UnknownTask` if absent.
+
+    Also for a task whose output blob is missing or damaged: the journal needs
+    no output, and it shows the reference that cannot be read.
+    """
+    from ..errors import BlobDamaged
+
+    try:
+        store.get_task(task_id)
+    except BlobDamaged:
+        pass  # the task exists
+    return store.events(task_id)
+
+
 def open_store(
     url: str,
     *,
