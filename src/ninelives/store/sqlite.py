@@ -379,28 +379,30 @@ class SQLiteStore(SQLiteHousekeepingWrites):
         tool_version: Callable[[str], str | None] | None = None,
         on_unknown: Callable[[Step], str] | None = None,
     ) -> tuple[Run, Task]:
-        # UnknownTask, DamagedTask, a cancel, an edited plan and a refusal by
-        # ``check`` come before any lock file is made: a task that cannot run
-        # here leaves no trace.
-        with self._read() as conn:  # the checks need no output: blobs are not read
-            found = self._load(conn, task_id, resolve=False)
-        if found.status is TaskStatus.CANCELLED:
-            raise lineage.cancelled(task_id)
-        lineage.check_plan(found)
-        if check is not None:
-            check(found)
-        lock = self._lock(task_id)
+        # One write transaction reads the task, checks it, takes its kernel lock
+        # (tried, never waited on) and claims it: no other runner can commit
+        # between the read and the claim. UnknownTask, DamagedTask, a cancel, an
+        # edited plan and a refusal by ``check`` come before the lock file is
+        # made: a task that cannot run here leaves no trace.
+        taken: list[TaskLock] = []
+
+        def admit(found: Task) -> None:
+            if check is not None:
+                check(found)
+            taken.append(self._lock(task_id))
+
         try:
             claimed = self._claim(
-                task_id, run_id, queue=None, start_first=start_first,
+                task_id, run_id, queue=None, start_first=start_first, check=admit,
                 max_recoveries=max_recoveries, tool_version=tool_version,
                 on_unknown=on_unknown,
             )  # fmt: skip
         except BaseException:
-            lock.release()
+            for lock in taken:
+                lock.release()
             raise
         assert claimed is not None
-        self._locks[run_id] = lock
+        self._locks[run_id] = taken[0]
         return claimed
 
     def claim_next(
@@ -478,12 +480,15 @@ class SQLiteStore(SQLiteHousekeepingWrites):
         tool_version: Callable[[str], str | None] | None = None,
         on_unknown: Callable[[Step], str] | None = None,
     ) -> tuple[Run, Task] | None:
-        """Under the task's lock: a new epoch, recovery and ``run_started`` in one
+        """Under the task's lock (which ``check`` takes when the caller holds none
+        yet): a new epoch, recovery and ``run_started`` in one
         transaction. With ``queue``: None if the task can no longer be claimed.
         ``check`` sees the task first; if it raises, nothing is written."""
         now = time.time()
         with self._write() as conn:
             found = self._load(conn, task_id)  # DamagedTask here writes nothing
+            if queue is None and found.status is TaskStatus.CANCELLED:
+                raise lineage.cancelled(task_id)
             if queue is not None or check is not None:
                 if queue is not None and found.status not in (
                     TaskStatus.PENDING, TaskStatus.RUNNING
