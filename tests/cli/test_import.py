@@ -73,7 +73,7 @@ def test_status_and_export_read_without_the_runtime(sqlite_lab: Lab) -> None:
     assert sqlite_lab.cli("create", "t", "plan.json").returncode == 0
     for command in ("status", "export"):
         code = (
-            "import contextlib, io, os, sys\n"
+            "import contextlib, io, os\n"
             f"os.chdir({str(sqlite_lab.root)!r})\n"
             "from ninelives.cli import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"

@@ -360,8 +360,7 @@ class SQLiteStore(SQLiteHousekeepingWrites):
             raise UnknownTask(f"unknown task {task_id!r}")
         steps = conn.execute(Q["get_steps"], {"id": task_id})
         task = Task.from_row(row, tuple(Step.from_row(task_id, r) for r in steps))
-        if task.artifacts is not None and not os.path.isabs(task.artifacts):
-            task = task._replace(artifacts=resolved_folder(self.path, task.artifacts))
+        task = task._replace(artifacts=resolved_folder(self.path, task.artifacts))
         return resolve_task(task, self.blobs) if resolve else task
 
     def task_ids(self) -> list[str]:
@@ -384,12 +383,13 @@ class SQLiteStore(SQLiteHousekeepingWrites):
         # between the read and the claim. UnknownTask, DamagedTask, a cancel, an
         # edited plan and a refusal by ``check`` come before the lock file is
         # made: a task that cannot run here leaves no trace.
-        taken: list[TaskLock] = []
+        held: TaskLock | None = None
 
         def admit(found: Task) -> None:
+            nonlocal held
             if check is not None:
                 check(found)
-            taken.append(self._lock(task_id))
+            held = self._lock(task_id)
 
         try:
             claimed = self._claim(
@@ -398,11 +398,12 @@ class SQLiteStore(SQLiteHousekeepingWrites):
                 on_unknown=on_unknown,
             )  # fmt: skip
         except BaseException:
-            for lock in taken:
-                lock.release()
+            if held is not None:
+                held.release()
             raise
         assert claimed is not None
-        self._locks[run_id] = taken[0]
+        assert held is not None
+        self._locks[run_id] = held
         return claimed
 
     def claim_next(

@@ -81,7 +81,7 @@ def stored_folder(db: str, folder: str | None) -> str | None:
     rather than into the old place; absolute otherwise."""
     if folder is None:
         return None
-    base = os.path.dirname(db)
+    base, folder = os.path.dirname(db), os.path.abspath(folder)
     if os.path.commonpath([base, folder]) != base:
         return folder
     return os.path.relpath(folder, base)
