@@ -174,3 +174,35 @@ def test_an_artifacts_folder_outside_the_project_stays_where_it_was(
     assert resumed.returncode == 0, resumed.stderr
     assert sorted(p.name for p in shared.iterdir()) == ["t-2.md"]
     assert not (moved.root / "artifacts").exists()
+
+
+def test_a_folder_named_through_a_symlinked_project_still_moves_with_it(
+    sqlite_lab: Lab, tmp_path: Path
+) -> None:
+    """``AGENT_ARTIFACTS=$PWD/out`` in a project reached through a symlinked folder
+    names a folder inside the database's own: it is recorded relative to it, so
+    a project moved after a kill publishes beside its database, never a second
+    copy in a recreated old place; the same name keeps being accepted."""
+    link = tmp_path / "link"
+    link.symlink_to(sqlite_lab.root)
+    named = str(link / "out")
+    sqlite_lab.guide_setup()
+    assert sqlite_lab.cli("create", "t", "plan.json", AGENT_ARTIFACTS=named).returncode == 0
+    killed = sqlite_lab.cli("run", "t", AGENT_ARTIFACTS=named, AGENT_CRASH_AT="after_effect:2")
+    assert killed.returncode == -9
+    moved = Lab(sqlite_lab.root.rename(tmp_path / "moved"), base_env={"AGENT_ARTIFACTS": "out"})
+    resumed = moved.cli("run", "t")
+    assert resumed.returncode == 0, resumed.stderr
+    assert moved.artifacts() == {"t-2.md": stub_summary(SUMMARY_NOTES)}
+    assert not sqlite_lab.root.exists()
+    assert moved.cli("verify", "t", "--artifacts", "out").returncode == 0
+    # Before the move, the symlinked name was the same folder: still accepted.
+    again = Lab(tmp_path / "again")
+    again.guide_setup()
+    (tmp_path / "link2").symlink_to(again.root)
+    named = str(tmp_path / "link2" / "out")
+    assert again.cli("create", "u", "plan.json", AGENT_ARTIFACTS=named).returncode == 0
+    ran = again.cli("run", "u", AGENT_ARTIFACTS=named)
+    assert ran.returncode == 0, ran.stderr
+    assert "WARNING" not in ran.stderr
+    assert sorted(p.name for p in (again.root / "out").iterdir()) == ["u-2.md"]

@@ -78,13 +78,16 @@ def stored_folder(db: str, folder: str | None) -> str | None:
     """How a task's artifacts folder (absolute) is recorded in database ``db``
     (its real path): relative to the database's folder when inside it, so that
     a project moved or copied whole keeps publishing beside its own database
-    rather than into the old place; absolute otherwise."""
+    rather than into the old place; absolute otherwise. A folder named through
+    a symlinked path (``$PWD/out`` in a project reached through a link) is
+    inside when its real path is: ``db`` is a real path."""
     if folder is None:
         return None
     base, folder = os.path.dirname(db), os.path.abspath(folder)
-    if os.path.commonpath([base, folder]) != base:
-        return folder
-    return os.path.relpath(folder, base)
+    for named in (folder, os.path.realpath(folder)):
+        if os.path.commonpath([base, named]) == base:
+            return os.path.relpath(named, base)
+    return folder
 
 
 def resolved_folder(db: str, stored: str | None) -> str | None:
