@@ -165,3 +165,29 @@ def test_a_migration_waits_for_the_write_lock(sqlite_lab: Lab, begin: str) -> No
     finally:
         conn.close()
     assert (version > 0) is (begin == "immediate")
+
+
+def test_a_busy_task_is_refused_at_once_while_another_write_is_open(sqlite_lab: Lab) -> None:
+    """Exit 3 never waits: not for the task (held by another process here) and
+    not for the database's write lock, held all along by another connection."""
+    from ninelives.locking import TaskLock
+
+    sqlite_lab.guide_setup()
+    assert sqlite_lab.cli("create", "t", "plan.json").returncode == 0
+    db = sqlite_lab.root / "state.db"
+    lock = TaskLock(str(db.resolve()), "t")
+    lock.acquire()
+    holder = sqlite3.connect(db, isolation_level=None, timeout=0)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        began = time.monotonic()
+        busy = sqlite_lab.cli("run", "t", timeout=30)
+        waited = time.monotonic() - began
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        lock.release()
+    assert busy.returncode == 3, busy.stderr
+    assert "being run by another process" in busy.stderr
+    assert waited < 20  # the write lock was held all along: it did not wait for it
+    assert sqlite_lab.cli("run", "t").returncode == 0

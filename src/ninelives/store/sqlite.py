@@ -30,7 +30,7 @@ from ..errors import (
     UnknownTask,
 )
 from ..journal import dumps
-from ..locking import TaskLock, lock_folder, lock_path
+from ..locking import TaskLock, is_held, lock_folder, lock_path
 from ..models import APPROVAL_TOOL, Event, EventKind, Run, Step, StepStatus, Task, TaskStatus
 from ..policy import error_data, failure_reason
 from . import (
@@ -383,6 +383,8 @@ class SQLiteStore(SQLiteHousekeepingWrites):
         # between the read and the claim. UnknownTask, DamagedTask, a cancel, an
         # edited plan and a refusal by ``check`` come before the lock file is
         # made: a task that cannot run here leaves no trace.
+        if is_held(self.path, task_id):  # at once, not after waiting for the write lock
+            raise TaskBusy(f"task {task_id!r} is being run by another process")
         held: TaskLock | None = None
 
         def admit(found: Task) -> None:
