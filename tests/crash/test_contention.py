@@ -191,3 +191,26 @@ def test_a_busy_task_is_refused_at_once_while_another_write_is_open(sqlite_lab: 
     assert "being run by another process" in busy.stderr
     assert waited < 20  # the write lock was held all along: it did not wait for it
     assert sqlite_lab.cli("run", "t").returncode == 0
+
+
+def test_a_new_database_waits_for_another_writer_before_switching_to_wal(
+    sqlite_lab: Lab,
+) -> None:
+    """Switching a new file to WAL needs the write lock, and SQLite refuses it at
+    once, without its busy timeout, while another connection holds it: so a
+    dozen processes creating one new database together could lose the race
+    (exit 5, "database is locked"). The switch waits like any write."""
+    sqlite_lab.guide_setup()
+    db = sqlite_lab.root / "state.db"
+    holder = sqlite3.connect(db, isolation_level=None, timeout=0)  # a new, empty file
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        creator = sqlite_lab.spawn("create", "t", "plan.json")
+        time.sleep(1.0)
+        assert creator.poll() is None, creator.communicate()  # waiting, not refused
+        holder.execute("COMMIT")
+    finally:
+        holder.close()
+    _, err = creator.communicate(timeout=120)
+    assert creator.returncode == 0, err
+    assert sqlite_lab.cli("run", "t").returncode == 0

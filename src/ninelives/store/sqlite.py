@@ -114,6 +114,7 @@ class SQLiteStore(SQLiteHousekeepingWrites):
             folder_for(self.path), os.path.join(lock_folder(self.path), "blobs.lock")
         )
         self._locks: dict[str, TaskLock] = {}
+        self._busy_timeout = busy_timeout
         self._folder_synced = False
         self._fencing = not fencing_disabled(path)
         if not self._fencing:
@@ -177,12 +178,30 @@ class SQLiteStore(SQLiteHousekeepingWrites):
             raise StoreError(
                 f"database schema version {version} is newer than this ninelives ({latest})"
             )
-        if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-            conn.execute("PRAGMA journal_mode=WAL")
+        self._use_wal()
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("PRAGMA foreign_keys=ON")
         if version < latest:
             self._migrate(steps)
+
+    def _use_wal(self) -> None:
+        """Switch the file to WAL, waiting like any write for another writer.
+
+        The switch turns the statement's read lock into a write lock, and SQLite
+        refuses that at once (SQLITE_BUSY, no busy handler) while another
+        connection holds the write lock: several processes opening one new
+        database together race this way. So the loser looks again, until the
+        busy timeout.
+        """
+        conn = self._conn
+        deadline = time.monotonic() + self._busy_timeout
+        while conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+            except sqlite3.OperationalError as exc:
+                if _error_name(exc) != "SQLITE_BUSY" or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
 
     def _migrate(self, steps: list[tuple[int, str, str]]) -> None:
         with self._write() as conn:
