@@ -456,7 +456,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from .settings import Settings
-    from .store import MissingStore, open_store
+    from .store import MissingStore
     from .verify import verify_store
 
     settings = Settings.from_env()
@@ -465,15 +465,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.artifacts is not None and os.path.exists(args.artifacts):
         if not os.path.isdir(args.artifacts):
             raise InputError(f"--artifacts {args.artifacts}: not a folder")
-    store = open_store(args.db, readonly=True)
-    try:
+    with _reader(args) as store:
         if args.all and isinstance(store, MissingStore):
             raise StoreError(f"no database at {args.db}")
         ids = None if args.all else [args.task_id]
         limits = (settings.max_attempts, settings.max_recoveries)
         report = verify_store(store, ids, artifacts=args.artifacts, limits=limits)
-    finally:
-        store.close()
     for violation in report.violations:
         _out(printable(_scrub(str(violation))))
     integrity = ", integrity checked" if report.integrity_checked else ""

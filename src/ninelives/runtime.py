@@ -120,7 +120,7 @@ def check_queue(queue: str) -> str:
     return queue
 
 
-def same_folder(a: str, b: str) -> bool:
+def _same_folder(a: str, b: str) -> bool:
     """Whether absolute folders ``a`` and ``b`` are one: the same name, or two
     names (one through a symlink) of the same real folder."""
     return a == b or os.path.realpath(a) == os.path.realpath(b)
@@ -423,7 +423,7 @@ class Runtime:
         settings' for tasks that recorded none (the guide's own, older versions)."""
         if task.artifacts is None:
             return self.settings.artifacts
-        if same_folder(os.path.abspath(self.settings.artifacts), task.artifacts):
+        if _same_folder(os.path.abspath(self.settings.artifacts), task.artifacts):
             return self.settings.artifacts  # the same folder, named as the caller names it
         if self.settings.artifacts != DEFAULT_ARTIFACTS:
             self._say(
@@ -434,7 +434,7 @@ class Runtime:
 
     def _check_artifacts(self, task: Task) -> None:
         configured = os.path.abspath(self.settings.artifacts)
-        if task.artifacts is not None and not same_folder(task.artifacts, configured):
+        if task.artifacts is not None and not _same_folder(task.artifacts, configured):
             raise InputError(
                 f"task {task.id!r} publishes to {task.artifacts} (recorded at create), but this "
                 f"run was given {configured} (AGENT_ARTIFACTS or Settings.artifacts): an artifact "
