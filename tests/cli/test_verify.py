@@ -196,6 +196,50 @@ def test_artifact_damage_is_reported(sqlite_lab: Lab) -> None:
     assert _verify(sqlite_lab, TASK).returncode == 0
 
 
+def test_an_artifact_changed_at_the_same_length_is_reported(sqlite_lab: Lab) -> None:
+    """Other bytes of the same length: only the sha256 tells them from the published text."""
+    _done(sqlite_lab)
+    final = sqlite_lab.root / "artifacts" / f"{TASK}-2.md"
+    published = final.read_bytes()
+    changed = published.swapcase()
+    assert changed != published
+    assert len(changed) == len(published)
+    final.write_bytes(changed)
+    lines = _violations(_verify(sqlite_lab, TASK, "--artifacts", "artifacts"))
+    finished = _seq(sqlite_lab, "step_finished", 2)
+    assert lines == [
+        f"{TASK}: artifact_content: step 2: {TASK}-2.md holds {len(changed)} bytes "
+        f"that do not match the sha256 its committed output records [seq {finished}]"
+    ]
+    final.write_bytes(published)  # control: the published text itself is clean
+    assert _verify(sqlite_lab, TASK, "--artifacts", "artifacts").returncode == 0
+
+
+def test_a_step_finished_naming_another_blob_is_reported(sqlite_lab: Lab) -> None:
+    """Every output a blob; step 1's step_finished is made to name step 0's blob:
+    ``output_blob`` reports it with that event's seq."""
+    lab = sqlite_lab
+    lab.guide_setup()
+    assert lab.cli("create", TASK, "plan.json").returncode == 0
+    assert lab.cli("run", TASK, NINELIVES_BLOB_THRESHOLD="0").returncode == 0
+    assert _verify(lab, TASK).returncode == 0  # clean before the damage
+    events = lab.cli("export", TASK).jsonl()
+    finished = {e["step"]: e for e in events if e["kind"] == "step_finished"}
+    other, own = finished[0]["blob"], finished[1]["blob"]
+    assert other != own
+    seq = finished[1]["seq"]
+    _sql(
+        lab,
+        f"UPDATE events SET data = json_set(data, '$.blob.sha256', '{other['sha256']}', "
+        f"'$.blob.size', {other['size']}) WHERE seq = {seq}",
+    )
+    lines = _violations(_verify(lab, TASK))
+    assert lines == [
+        f"{TASK}: output_blob: step 1: its step_finished records blob {other} "
+        f"but its output is blob {own} [seq {seq}]"
+    ]
+
+
 def test_only_the_damaged_task_is_reported(sqlite_lab: Lab) -> None:
     _done(sqlite_lab)
     assert sqlite_lab.cli("create", "other", "plan.json").returncode == 0

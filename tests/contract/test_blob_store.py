@@ -77,13 +77,21 @@ def _rows(store: Store, task_id: str) -> dict[int, str]:
 
 
 def _damage(store: Store, sha256: str, how: str) -> None:
-    """Remove (``missing``) or change (``corrupt``) a stored blob, around the store."""
+    """Remove (``missing``) or change a stored blob, around the store: one byte
+    appended (``corrupt``), or one bit of its middle byte flipped in place
+    (``flipped``: the same size, still valid JSON, so only the SHA-256 can tell)."""
     if is_postgres_url(store.url):
         import psycopg
 
         with psycopg.connect(store.url, autocommit=True) as conn:
             if how == "missing":
                 conn.execute("DELETE FROM blob_chunks WHERE sha256 = %s", (sha256,))
+            elif how == "flipped":
+                conn.execute(
+                    "UPDATE blob_chunks SET data = set_byte(data, length(data) / 2, "
+                    "get_byte(data, length(data) / 2) # 1) WHERE sha256 = %s AND n = 0",
+                    (sha256,),
+                )
             else:
                 conn.execute(
                     "UPDATE blob_chunks SET data = data || '\\x00'::bytea "
@@ -94,6 +102,14 @@ def _damage(store: Store, sha256: str, how: str) -> None:
     path = os.path.join(store.url + ".blobs", sha256)
     if how == "missing":
         os.unlink(path)
+    elif how == "flipped":
+        os.chmod(path, 0o600)
+        middle = os.path.getsize(path) // 2
+        with open(path, "r+b") as fh:
+            fh.seek(middle)
+            byte = fh.read(1)
+            fh.seek(middle)
+            fh.write(bytes([byte[0] ^ 1]))
     else:
         os.chmod(path, 0o600)
         with open(path, "ab") as fh:
@@ -155,7 +171,7 @@ def test_outputs_that_look_like_references_read_back_as_returned(
     assert blobs.check(store) == []
 
 
-@pytest.mark.parametrize("how", ["missing", "corrupt"])
+@pytest.mark.parametrize("how", ["missing", "corrupt", "flipped"])
 def test_a_damaged_blob_is_an_error_naming_task_and_step(
     open_: Opener,  # noqa: F811
     how: str,
@@ -166,6 +182,8 @@ def test_a_damaged_blob_is_an_error_naming_task_and_step(
     ref = blobs.row_ref(_rows(store, "t1")[1])
     assert ref is not None
     _damage(store, ref.sha256, how)
+    if how == "flipped":  # the same size: a check of the size alone passes it
+        assert {sha: size for sha, size, _ in store.blobs.stored()}[ref.sha256] == ref.size
     with pytest.raises(BlobDamaged) as caught:
         store.get_task("t1")
     assert caught.value.task_id == "t1"
