@@ -7,8 +7,9 @@ the CLI maps each branch to one exit code in one place (``cli.EXIT_CODES``)::
     ├── InputError                 bad input; nothing stored was changed
     │   ├── PlanError              plan file missing, malformed or invalid
     │   ├── InvalidTaskId          an id that is not plain data
-    │   └── TaskExists             create of an id that is already stored
-    │       └── PlanMismatch       submit of a stored id with a different plan
+    │   ├── TaskExists             create of an id that is already stored
+    │   │   └── PlanMismatch       submit of a stored id with a different plan
+    │   └── TaskIdRemoved          create of an id whose task gc removed
     ├── UnknownTask                no task with that id
     ├── TaskBusy                   another live runner holds the task
     │   └── LeaseLost              this runner's claim was taken over (fenced)
@@ -60,6 +61,17 @@ class TaskExists(InputError):
 class PlanMismatch(TaskExists):
     """``Runtime.submit`` of a stored task id with a different goal or steps;
     the stored task is untouched."""
+
+
+class TaskIdRemoved(InputError):
+    """``create``, ``submit`` or ``fork`` of an id whose task ``gc`` removed: a
+    new task would reuse the old one's idempotency keys (``<task_id>-<idx>``),
+    and an effect keyed by them would answer it with the old task's outcome.
+    Nothing is stored; ``removed_at`` is when gc removed it (epoch seconds)."""
+
+    def __init__(self, message: str, *, removed_at: float) -> None:
+        super().__init__(message)
+        self.removed_at = removed_at
 
 
 class UnknownTask(NineLivesError):

@@ -19,7 +19,7 @@ from test_store_contract import (  # noqa: F401  (fixtures)
     url,
 )
 
-from ninelives.errors import UnknownTask
+from ninelives.errors import TaskIdRemoved, UnknownTask
 from ninelives.housekeeping import FINISHED, doctor, gc
 from ninelives.journal import dumps
 from ninelives.store import Store
@@ -98,8 +98,34 @@ def test_gc_deletes_finished_tasks_with_their_steps_and_journal(store: Store) ->
         assert store.events(gone) == []
     assert snapshot(store, "t2") == pending  # an unfinished task is never touched
     assert store.dangling_rows() == {}  # type: ignore[attr-defined]
-    _done(store, "t1")  # the id is free again, with a journal of its own
-    assert next(e.kind for e in store.events("t1")) == "task_created"
+    # A removed id is never used again (its idempotency keys may name its
+    # effects), in any case, by create or fork; another id is free.
+    for task_id in ("t1", "T1"):
+        with pytest.raises(TaskIdRemoved, match="was used by a task that gc removed"):
+            store.create_task(task_id, PLAN)
+    with pytest.raises(TaskIdRemoved):
+        store.fork_task("t2", "t3", 0, "r-fork")
+    assert store.task_ids() == ["t2"]
+    assert store.events("t3") == []
+    _done(store, "t4")
+
+
+def test_the_library_refuses_a_removed_id_saying_when(store: Store) -> None:  # noqa: F811
+    """Runtime.create and Runtime.submit (which returns a stored task of the same
+    plan) refuse an id gc removed, with when; nothing is stored."""
+    from ninelives.runtime import Runtime
+
+    rt = Runtime(store)
+    plan = {"goal": "g", "steps": [{"tool": "fetch", "input": {"path": "x"}}]}
+    rt.create("demo", plan)
+    rt.cancel("demo")
+    assert gc(store, older_than=0).removed == [("demo", "cancelled")]
+    for call in (rt.create, rt.submit):
+        with pytest.raises(TaskIdRemoved) as caught:
+            call("demo", plan)
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(caught.value.removed_at))
+        assert f"at {when}" in str(caught.value)
+    assert store.task_ids() == []
 
 
 def test_gc_honours_age_statuses_and_dry_run(store: Store) -> None:  # noqa: F811

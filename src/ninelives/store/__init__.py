@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from ..errors import InputError, StoreError, TaskExists, UnknownTask
+from ..errors import InputError, StoreError, TaskExists, TaskIdRemoved, UnknownTask
 from ..models import Event, EventKind, Run, Step, StepStatus, Task, TaskStatus
 
 if TYPE_CHECKING:
@@ -473,12 +473,27 @@ def step_rows(task_id: str, plan: Plan) -> list[dict[str, Any]]:
     ]
 
 
-def task_exists(task_id: str, stored: str) -> TaskExists:
-    """The error for a create of ``task_id`` when ``stored`` (equal but for case) exists.
+def task_exists(task_id: str, taken: Sequence[Any]) -> TaskExists | TaskIdRemoved:
+    """The error for a create of ``task_id`` when the row ``taken`` of the
+    ``task_id_taken`` query names an id equal but for case: ``(id, None)`` for a
+    stored task, ``(id, removed_at)`` for one that gc removed.
 
     Ids are unique regardless of case: on a case-insensitive file system
-    ``Demo`` and ``demo`` would publish to one artifact name.
+    ``Demo`` and ``demo`` would publish to one artifact name. And an id is
+    never used twice: a new task would reuse a removed one's idempotency keys.
     """
+    stored, removed_at = str(taken[0]), taken[1]
+    if removed_at is not None:
+        import time
+
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(removed_at)))
+        shown = "" if stored == task_id else f" (as {stored!r})"
+        return TaskIdRemoved(
+            f"task id {task_id!r} was used by a task that gc removed{shown} at {when}; "
+            f"an id is never used again (its idempotency keys {task_id}-N may name that "
+            "task's effects): use another task id",
+            removed_at=float(removed_at),
+        )
     if stored == task_id:
         return TaskExists(f"task {task_id!r} already exists")
     return TaskExists(

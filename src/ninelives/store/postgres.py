@@ -207,7 +207,7 @@ class PostgresStore(PostgresHousekeeping):
                 conn.execute(Q["task_id_lock"], {"id": task_id})
                 taken = conn.execute(Q["task_id_taken"], {"id": task_id}).fetchone()
                 if taken is not None:
-                    raise task_exists(task_id, taken[0])
+                    raise task_exists(task_id, taken)
                 digest = lineage.plan_digest(
                     plan.goal, ((s.tool, s.input, s.policy) for s in plan.steps)
                 )

@@ -66,13 +66,15 @@ class PostgresHousekeeping(Session):
     def delete_tasks(self, ids: Sequence[str], statuses: Sequence[str], before: float) -> Deleted:
         """Delete those of ``ids`` that are still of ``statuses``, last changed before
         ``before`` and not held by a live lease, with their steps and journal, in
-        one transaction (rows locked by another transaction are left for later)."""
+        one transaction (rows locked by another transaction are left for later).
+        Each id deleted is recorded in ``removed_tasks``: it is never used again."""
         with self._write() as conn:
             params = {"ids": list(ids), "statuses": list(statuses), "before": before}
             gone = [r[0] for r in conn.execute(Q["gc_recheck"], params).fetchall()]
             events = conn.execute(Q["gc_events"], {"ids": gone})
             steps = conn.execute(Q["gc_steps"], {"ids": gone})
             conn.execute(Q["gc_tasks"], {"ids": gone})
+            conn.execute(Q["gc_remember"], {"ids": gone})
             crashpoints.crash("gc_before_commit")
         return Deleted(tasks=tuple(gone), steps=steps.rowcount, events=events.rowcount)
 

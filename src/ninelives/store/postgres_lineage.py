@@ -65,7 +65,7 @@ def fork_task(
         conn.execute(Q["task_id_lock"], {"id": new_id})
         taken = store._fetch(conn.execute(Q["task_id_taken"], {"id": new_id}))
         if taken is not None:
-            raise task_exists(new_id, taken[0])
+            raise task_exists(new_id, taken)
         digest = lineage.plan_digest(source.goal, ((s.tool, s.input, s.policy) for s in steps))
         conn.execute(
             Q["insert_task"],

@@ -338,7 +338,7 @@ class SQLiteStore(SQLiteHousekeepingWrites):
             with self._write() as conn:
                 taken = conn.execute(Q["task_id_taken"], {"id": task_id}).fetchone()
                 if taken is not None:
-                    raise task_exists(task_id, taken[0])
+                    raise task_exists(task_id, taken)
                 digest = lineage.plan_digest(
                     plan.goal, ((s.tool, s.input, s.policy) for s in plan.steps)
                 )

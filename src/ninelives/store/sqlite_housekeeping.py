@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
@@ -161,7 +162,9 @@ class SQLiteHousekeepingWrites(SQLiteHousekeeping):
     def delete_tasks(self, ids: Sequence[str], statuses: Sequence[str], before: float) -> Deleted:
         """Delete those of ``ids`` that are still of ``statuses`` and last changed
         before ``before``, with their steps and journal, in one transaction;
-        tasks a live process holds are left. Their lock files are unlinked
+        tasks a live process holds are left. Each id deleted is recorded in
+        ``removed_tasks`` (never used again: its idempotency keys may name the
+        old task's effects). Their lock files are unlinked
         inside the transaction, each under its lock: a kill leaves the tasks
         with their rows and perhaps without a lock file (made again on demand),
         or gone with their lock files, never a lock file of a task that is gone."""
@@ -175,6 +178,7 @@ class SQLiteHousekeepingWrites(SQLiteHousekeeping):
                 events = conn.execute(Q["gc_events"], which).rowcount
                 steps = conn.execute(Q["gc_steps"], which).rowcount
                 conn.execute(Q["gc_tasks"], which)
+                conn.execute(Q["gc_remember"], {**which, "now": time.time()})
                 for lock in locks:
                     if lock.task_id in gone:
                         remove_lock(lock)

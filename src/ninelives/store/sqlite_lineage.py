@@ -60,7 +60,7 @@ def fork_task(
         steps = lineage.fork_steps(source, start, turns)
         taken = conn.execute(Q["task_id_taken"], {"id": new_id}).fetchone()
         if taken is not None:
-            raise task_exists(new_id, taken[0])
+            raise task_exists(new_id, taken)
         digest = lineage.plan_digest(source.goal, ((s.tool, s.input, s.policy) for s in steps))
         conn.execute(
             Q["insert_task"],

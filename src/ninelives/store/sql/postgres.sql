@@ -20,8 +20,13 @@ SELECT pg_advisory_xact_lock(hashtextextended('ninelives-task-id:' || lower(%(id
 -- name: task_id_taken
 -- Ids are unique regardless of case (artifact names built from them must not
 -- collide on a case-insensitive file system); the tasks_id_lower index
--- (migration 0004) makes this a lookup, not a scan.
-SELECT id FROM tasks WHERE lower(id) = lower(%(id)s) LIMIT 1;
+-- (migration 0004) makes this a lookup, not a scan. An id gc removed stays
+-- taken (removed_tasks, migration 0009): its idempotency keys may name the
+-- old task's effects. The second column is when it was removed (NULL: stored).
+SELECT id, NULL FROM tasks WHERE lower(id) = lower(%(id)s)
+UNION ALL
+SELECT id, removed_at FROM removed_tasks WHERE lower(id) = lower(%(id)s)
+LIMIT 1;
 
 -- name: task_ids
 SELECT id FROM tasks ORDER BY created_at, id;
@@ -494,6 +499,12 @@ DELETE FROM steps WHERE task_id = ANY(%(ids)s::text[]);
 
 -- name: gc_tasks
 DELETE FROM tasks WHERE id = ANY(%(ids)s::text[]);
+
+-- name: gc_remember
+-- In the same transaction as gc_tasks: the ids deleted stay taken (migration 0009).
+INSERT INTO removed_tasks (id, removed_at)
+SELECT unnest(%(ids)s::text[]), ninelives_now()
+ON CONFLICT DO NOTHING;
 
 -- name: tasks_in_status
 -- doctor: the tasks of one status with their lease, and whether it expired
