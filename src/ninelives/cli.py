@@ -204,7 +204,8 @@ _scrub: Callable[[str], str] = _no_secrets
 
 
 def _redactor(argv: Sequence[str]) -> Callable[[str], str]:
-    """A scrubber for the passwords of every PostgreSQL URL this command was given.
+    """A scrubber for the passwords of every PostgreSQL URL (or libpq keyword
+    string) this command was given.
 
     The store already keeps them out of its messages; this is the last line
     before the terminal, for anything that echoes its input (a URL given
@@ -215,6 +216,11 @@ def _redactor(argv: Sequence[str]) -> Callable[[str], str]:
         at = max(text.find("postgresql://"), text.find("postgres://"))
         if at >= 0:
             urls.append(text[at:])
+        elif "=" in text:  # perhaps a libpq keyword string (host=... password=...)
+            from .store.conninfo import is_keyword_string
+
+            if is_keyword_string(text.removeprefix("--db=")):
+                urls.append(text)
     if not urls:
         return _no_secrets
     from .store.conninfo import Redactor
@@ -686,7 +692,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser.add_argument(
         "--db",
         default=os.environ.get("NINELIVES_DB") or "state.db",
-        help="SQLite file or postgresql:// URL (default: $NINELIVES_DB or state.db)",
+        help="SQLite file, postgresql:// URL or libpq keyword string ('host=H dbname=D'; "
+        "default: $NINELIVES_DB or state.db)",
     )
     parser.add_argument(
         "--tools",

@@ -53,32 +53,139 @@ def cmd_report(args: argparse.Namespace) -> int:
     if target == "-":
         cli._out(page)
         return 0
-    _write_file(target, page)
-    cli._out(f"wrote {target} ({len(page.encode('utf-8'))} bytes): open it in a browser")
+    if _write_file(target, page):
+        cli._out(f"wrote {target} ({len(page.encode('utf-8'))} bytes): open it in a browser")
     return 0
 
 
-def _write_file(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all (a temporary file renamed over
-    it); a failure is :class:`~ninelives.errors.OutputFailed` (exit 10)."""
+def _write_file(path: str, text: str) -> bool:
+    """Write ``text`` to ``path``; a failure is :class:`~ninelives.errors.OutputFailed`
+    (exit 10). Returns False when ``path`` is this process's stdout, which got it.
+
+    A regular file there (or nothing) is replaced whole or not at all: a
+    temporary file renamed over it. Anything else is written through as a
+    shell's ``>`` would, never replaced: a symlink (to a file, a FIFO,
+    ``/dev/stdout``), a FIFO, a character device (``/dev/null``). A folder, a
+    block device, a socket or a symlink to nothing is refused.
+    """
+    import os
+    import stat
+
+    try:
+        st: os.stat_result | None = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise _cannot_write(path, exc) from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        return _write_through(path, text.encode("utf-8"))
+    _replace_file(path, text)
+    return True
+
+
+def _cannot_write(path: str, exc: OSError | str) -> Exception:
+    from .errors import OutputFailed
+
+    why = exc if isinstance(exc, str) else exc.strerror or str(exc)
+    return OutputFailed(f"cannot write {path}: {why}")
+
+
+def _replace_file(path: str, text: str) -> None:
     import os
     import tempfile
-
-    from .errors import OutputFailed
 
     folder = os.path.dirname(os.path.abspath(path))
     try:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".report-", suffix=".tmp")
     except OSError as exc:
-        raise OutputFailed(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise _cannot_write(path, exc) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.chmod(tmp, 0o644)
-        os.replace(tmp, path)  # replaces a symlink itself, never the file it points to
+        os.replace(tmp, path)
     except OSError as exc:
         os.unlink(tmp)
-        raise OutputFailed(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise _cannot_write(path, exc) from None
+
+
+#: How long ``report -o FIFO`` waits for a process to open the FIFO for reading.
+FIFO_READER_WAIT = 10.0
+
+
+def _write_through(path: str, data: bytes) -> bool:
+    """Write ``data`` into what ``path`` leads to, checked on the descriptor opened."""
+    import os
+    import stat
+
+    from . import cli
+
+    try:
+        fd = _open_for_writing(path)
+    except FileNotFoundError:  # a symlink whose target does not exist
+        raise _cannot_write(path, "a symlink to nothing (not followed)") from None
+    except OSError as exc:
+        raise _cannot_write(path, exc) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
+            kind = "a folder" if stat.S_ISDIR(mode) else "not a file, FIFO or character device"
+            raise _cannot_write(path, f"{kind}: nothing written")
+        if _same_file(fd, 1):  # -o /dev/stdout: as -o -, in order with the rest of stdout
+            cli._out(data.decode("utf-8"))
+            return False
+        if stat.S_ISREG(mode):
+            os.ftruncate(fd, 0)  # a symlink to a file: its content, written as > would
+        os.set_blocking(fd, True)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError as exc:
+        raise _cannot_write(path, exc) from None
+    finally:
+        os.close(fd)
+    return True
+
+
+def _open_for_writing(path: str) -> int:
+    """``path`` opened for writing without blocking, never created or truncated.
+    A FIFO that no process reads yet (ENXIO) is tried again for
+    :data:`FIFO_READER_WAIT` seconds, then refused, instead of blocking forever."""
+    import errno
+    import os
+    import stat
+    import time
+
+    # A folder, a block device or a socket is refused before it is opened at all.
+    mode = os.stat(path).st_mode
+    for test, kind in ((stat.S_ISDIR, "a folder"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):  # fmt: skip
+        if test(mode):
+            raise OSError(errno.EINVAL, f"{kind}: nothing written")
+    flags = os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
+    deadline = time.monotonic() + FIFO_READER_WAIT
+    while True:
+        try:
+            return os.open(path, flags)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:
+                raise
+        if time.monotonic() >= deadline:
+            raise OSError(
+                errno.ENXIO,
+                f"a FIFO that no process opened for reading within {FIFO_READER_WAIT:g} s",
+            )
+        time.sleep(0.05)  # no event says a reader came: look again shortly
+
+
+def _same_file(fd: int, other: int) -> bool:
+    import os
+
+    try:
+        a, b = os.fstat(fd), os.fstat(other)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def _report_args(p: argparse.ArgumentParser) -> None:

@@ -429,9 +429,14 @@ def torture(
     if folder is None:
         folder = tempfile.mkdtemp(prefix="ninelives-torture-")
     folder = os.path.abspath(folder)
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise InputError(f"--dir {folder} is not a folder: give a new or empty folder")
     if os.path.exists(os.path.join(folder, DB_NAME)):
         raise InputError(f"{folder} already holds a database: give a new or empty folder")
-    os.makedirs(folder, exist_ok=True)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create --dir {folder}: {exc.strerror or exc}") from None
     session = _Session(plan_path, folder, env, log, pause)
     session.say(f"seed {seed}, {kills} kill(s), {workers} worker(s), folder {folder}")
     started = time.monotonic()

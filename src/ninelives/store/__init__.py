@@ -523,8 +523,35 @@ def recovery_limit_reason(idx: int, count: int, limit: int | None) -> str:
 
 
 def is_postgres_url(url: str) -> bool:
-    """True for ``postgresql://`` and ``postgres://`` URLs."""
-    return url.startswith(("postgresql://", "postgres://"))
+    """True for ``postgresql://`` and ``postgres://`` URLs, and for libpq keyword
+    strings (``host=db dbname=ninelives``; see :func:`~.conninfo.is_keyword_string`)."""
+    if url.startswith(("postgresql://", "postgres://")):
+        return True
+    from .conninfo import is_keyword_string
+
+    return is_keyword_string(url)
+
+
+#: Printed instead of a traceback when PostgreSQL is asked for without its driver.
+POSTGRES_EXTRA = "pip install 'ninelives[postgres]'"
+
+
+def _postgres_store() -> Any:
+    """The PostgresStore class, or :class:`StoreError` naming the extra to install
+    when psycopg is missing or cannot be loaded here."""
+    try:
+        from .postgres import PostgresStore  # the only place psycopg gets imported
+    except ImportError as exc:
+        if (exc.name or "").startswith("ninelives"):
+            raise  # our own module is broken: not the user's to fix
+        import importlib.util
+
+        if importlib.util.find_spec("psycopg") is None:
+            why = "psycopg, the PostgreSQL driver, is not installed"
+        else:
+            why = f"psycopg cannot be loaded ({str(exc).splitlines()[0] if str(exc) else exc!r})"
+        raise StoreError(f"PostgreSQL needs its extra: {why}; {POSTGRES_EXTRA}") from None
+    return PostgresStore
 
 
 DEFAULT_LEASE = 30.0
@@ -620,7 +647,9 @@ def open_store(
 ) -> Store:
     """Open the store that ``url`` names: a PostgreSQL URL or a SQLite path.
 
-    ``sqlite:///path`` is accepted as well as a plain path. With ``create``
+    ``sqlite:///path`` is accepted as well as a plain path; a libpq keyword
+    string (``host=db dbname=x``) is PostgreSQL. Without psycopg a PostgreSQL
+    URL is a :class:`StoreError` naming ``pip install 'ninelives[postgres]'``. With ``create``
     false, a SQLite file that does not exist is not created: the returned
     store answers every read with "unknown task". With ``readonly`` (implies
     not ``create``) a SQLite file is opened for reading only: never created,
@@ -631,10 +660,9 @@ def open_store(
     ``heartbeat`` (seconds) override :func:`lease_settings` on PostgreSQL.
     """
     if is_postgres_url(url):
-        from .postgres import PostgresStore  # the only place psycopg gets imported
-
+        store = _postgres_store()
         lease_s, beat = lease_settings(lease=lease, heartbeat=heartbeat)
-        return PostgresStore(url, lease=lease_s, heartbeat=beat, readonly=readonly)
+        return store(url, lease=lease_s, heartbeat=beat, readonly=readonly)  # type: ignore[no-any-return]
     path = url.removeprefix("sqlite://") if url.startswith("sqlite:///") else url
     if readonly:
         from .sqlite_reader import open_reader

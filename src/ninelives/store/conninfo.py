@@ -1,5 +1,7 @@
 """Database URLs in messages: the password in every form libpq accepts, redacted.
 
+Also what a libpq keyword/value string is (:func:`is_keyword_string`).
+
 A PostgreSQL URL can carry its password as userinfo (``user:pw@host``), as a
 query parameter (``?password=pw``), percent-encoded or not, and libpq reads
 an unescaped ``/``, ``?`` or ``@`` in it in ways that scatter pieces of it
@@ -21,9 +23,34 @@ from collections.abc import Iterable
 from urllib.parse import unquote
 
 MASK = "***"
+#: libpq's connection keywords (PostgreSQL 17, ``libpq-connect.html``): a text
+#: that starts with one of them and ``=`` is a keyword string, never a file name.
+LIBPQ_KEYWORDS = frozenset(
+    """host hostaddr port dbname user password passfile require_auth channel_binding
+    connect_timeout client_encoding options application_name fallback_application_name
+    keepalives keepalives_idle keepalives_interval keepalives_count tcp_user_timeout
+    replication gssencmode sslmode sslnegotiation requiressl sslcompression sslcert sslkey
+    sslpassword sslcertmode sslrootcert sslcrl sslcrldir sslsni requirepeer
+    ssl_min_protocol_version ssl_max_protocol_version krbsrvname gsslib gssdelegation
+    service target_session_attrs load_balance_hosts""".split()
+)
+_KEYWORD_START = re.compile(r"\s*([A-Za-z_]+)\s*=")
 #: Pieces of a password split by libpq's URL syntax are secrets too, down to this length.
 _MIN_PIECE = 3
 _QUERY_PASSWORD = re.compile(r"(?:^|[?&\s])password\s*=\s*('(?:[^'\\]|\\.)*'|[^&#\s]*)", re.I)
+#: In a keyword string a value ends only at white space (or its closing quote).
+_KEYWORD_PASSWORD = re.compile(r"(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'|\S*)", re.I)
+
+
+def is_keyword_string(text: str) -> bool:
+    """True when ``text`` is a libpq keyword/value connection string: it starts
+    with a libpq keyword and ``=`` (``host=db dbname=x``, ``dbname = x``).
+
+    libpq itself takes any text with an ``=`` for one; a SQLite file name may
+    hold ``=`` too, so only a known keyword at the start counts (a file that
+    must be named so is written ``./host=x.db``)."""
+    match = _KEYWORD_START.match(text)
+    return match is not None and match.group(1).lower() in LIBPQ_KEYWORDS
 
 
 def _parsed_password(url: str) -> str | None:
@@ -53,6 +80,8 @@ def secrets_of(url: str) -> list[str]:
     found: set[str] = set()
     candidates = [_parsed_password(url), _userinfo_password(url)]
     candidates += [m.group(1).strip("'") for m in _QUERY_PASSWORD.finditer(url)]
+    if "://" not in url:
+        candidates += [m.group(1).strip("'") for m in _KEYWORD_PASSWORD.finditer(url)]
     for secret in candidates:
         if not secret:
             continue
