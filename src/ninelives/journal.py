@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
+from .blobs import escape, needs_escape
 from .errors import OutputRefused
 from .models import Event, EventKind, StepStatus, Task
 
@@ -62,12 +63,18 @@ def _check_unicode(text: str, what: str) -> int:
 
 
 def encode_output(output: Any, max_bytes: int = MAX_OUTPUT_BYTES) -> str:
-    """A tool's output as the JSON text its ``done`` commit stores.
+    """An output as the JSON text a ``done`` step stores: the one encoder of every
+    path that stores one (a tool's return, ``resolve --done``, a probe's answer,
+    an approval).
 
+    An output that a reader would take for a blob reference or an escape (its
+    only key ``"$blob"`` or ``"$raw"``) is wrapped as ``{"$raw": <output>}``
+    (:func:`ninelives.blobs.escape`), so it reads back as it was given.
     Raises :class:`~ninelives.errors.OutputRefused` (recorded as a ``step_error``,
     before any commit) unless ``output`` is a mapping that :func:`storable`
-    accepts and whose text is at most ``max_bytes`` bytes of UTF-8.
+    accepts and whose stored text is at most ``max_bytes`` bytes of UTF-8.
     """
+
     if not isinstance(output, Mapping):
         raise OutputRefused(f"output refused: the tool returned {type(output).__name__}, "
                             "not a JSON object (a dict)")  # fmt: skip
@@ -75,6 +82,8 @@ def encode_output(output: Any, max_bytes: int = MAX_OUTPUT_BYTES) -> str:
         text = dumps(output if isinstance(output, dict) else dict(output))
     except (TypeError, ValueError, RecursionError) as exc:
         raise OutputRefused(f"output refused: not standard JSON: {exc}") from None
+    if needs_escape(output):
+        text = escape(text)
     try:
         size = _check_unicode(text, "the output")
     except ValueError as exc:

@@ -172,7 +172,7 @@ def resolve(
     if done is not None:
         try:
             value = json.loads(done)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # too deep for the decoder, too
             raise InputError(f"--done is not JSON: {exc}") from None
         try:
             output = encode_output(value, *(() if max_output is None else (max_output,)))

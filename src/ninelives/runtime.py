@@ -17,7 +17,6 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from . import crashpoints
-from .blobs import escape, needs_escape
 from .errors import (
     CommitUnknown,
     InputError,
@@ -600,8 +599,6 @@ class Runtime:
             # surrogate, NaN, too big) would otherwise fail the commit on
             # every attempt and leave the step running forever.
             encoded = encode_output(returned, self.settings.max_output)
-            if needs_escape(returned):  # it would read back as a reference
-                encoded = escape(encoded)
         except CommitUnknown:
             raise  # storage failed under the effect: stop, never retry
         except (Exception, StepTimeout) as exc:

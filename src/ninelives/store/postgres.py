@@ -232,7 +232,9 @@ class PostgresStore(PostgresHousekeeping):
         with self._read() as conn:
             return self._load(conn, task_id)
 
-    def _load(self, conn: Conn, task_id: str) -> Task:
+    def _load(self, conn: Conn, task_id: str, *, resolve: bool = True) -> Task:
+        """The task and its steps; outputs stored as blobs read back (checked)
+        unless ``resolve`` is False (rows as stored: escapes and references kept)."""
         # Both sent before either reply is read: one round trip in a pipeline.
         found = conn.execute(Q["get_task"], {"id": task_id})
         steps = conn.execute(Q["get_steps"], {"id": task_id})
@@ -240,7 +242,7 @@ class PostgresStore(PostgresHousekeeping):
         if row is None:
             raise UnknownTask(f"unknown task {task_id!r}")
         task = Task.from_row(row, tuple(Step.from_row(task_id, r) for r in steps))
-        return resolve_task(task, self.blobs.on(conn))
+        return resolve_task(task, self.blobs.on(conn)) if resolve else task
 
     def task_ids(self) -> list[str]:
         if self._empty:

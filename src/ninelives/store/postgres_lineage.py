@@ -57,7 +57,9 @@ def fork_task(
         # A consistent snapshot of the source: its row is locked against a
         # runner's commit for the moment of the read (the source is not changed).
         _lock_task(store, conn, source_id)
-        source = store._load(conn, source_id)
+        # Rows as stored (escapes and blob references kept): a fork copies them
+        # as they are, never a decoded value that would read back as another.
+        source = store._load(conn, source_id, resolve=False)
         lineage.check_plan(source)
         rows = conn.execute(Q["appended_by"], {"id": source_id}).fetchall()
         turns = lineage.appended_turns(rows)

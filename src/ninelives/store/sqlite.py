@@ -373,7 +373,7 @@ class SQLiteStore(SQLiteHousekeepingWrites):
 
     def _load(self, conn: sqlite3.Connection, task_id: str, *, resolve: bool = True) -> Task:
         """The task and its steps; outputs stored as blobs read back (checked)
-        unless ``resolve`` is False (left as their references)."""
+        unless ``resolve`` is False (rows as stored: escapes and references kept)."""
         row = conn.execute(Q["get_task"], {"id": task_id}).fetchone()
         if row is None:
             raise UnknownTask(f"unknown task {task_id!r}")

@@ -54,7 +54,9 @@ def fork_task(
     """See :meth:`ninelives.store.Store.fork_task`."""
     now = time.time()
     with store._write() as conn:
-        source = store._load(conn, source_id)
+        # Rows as stored (escapes and blob references kept): a fork copies them
+        # as they are, never a decoded value that would read back as another.
+        source = store._load(conn, source_id, resolve=False)
         lineage.check_plan(source)
         turns = lineage.appended_turns(conn.execute(Q["appended_by"], {"id": source_id}))
         steps = lineage.fork_steps(source, start, turns)
