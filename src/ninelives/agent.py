@@ -32,7 +32,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import PlanError, ToolError
-from .models import AGENT_TOOL
+from .models import AGENT_TOOL, MAX_DEPTH, nested_deeper
+
+#: How deep a call's arguments may nest: they sit three levels into the turn's
+#: output (``tool_calls``, the call, ``arguments``), which nests at most MAX_DEPTH.
+MAX_ARGUMENT_DEPTH = MAX_DEPTH - 3
 
 DEFAULT_MAX_TURNS = 8
 DEFAULT_MAX_CALLS = 32
@@ -208,6 +212,24 @@ def check_call(
     return ""
 
 
+def argument_problem(arguments: Any) -> str:
+    """Why a call's decoded arguments cannot be stored as a step's input, or ''."""
+    from .journal import dumps
+
+    too_deep = f"they nest more than {MAX_ARGUMENT_DEPTH} levels deep"
+    try:
+        text = dumps(arguments)
+    except RecursionError:
+        return too_deep
+    except (TypeError, ValueError):
+        return "they hold a number JSON cannot store (NaN, Infinity, or out of range: 1e999)"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "they hold text that is not valid Unicode (a lone surrogate)"
+    return too_deep if nested_deeper(text, MAX_ARGUMENT_DEPTH) else ""
+
+
 _COMPILED: dict[str, Callable[[Any], Any]] = {}
 
 
@@ -260,7 +282,13 @@ def run_turn(
     next_idx = idx + 1
     for call in reply.tool_calls:
         entry: dict[str, Any] = {"id": call.id, "name": call.name, "arguments": call.arguments}
-        problem = check_call(call.name, call.arguments, allowed, lookup)
+        unusable = call.problem or argument_problem(call.arguments)
+        if unusable:
+            # Arguments no store or reader can keep are not kept: the error says why.
+            entry["arguments"] = {}
+            problem = f"arguments of {call.name!r} refused: {unusable}"
+        else:
+            problem = check_call(call.name, call.arguments, allowed, lookup)
         if problem:
             entry["step"] = None
             entry["error"] = problem

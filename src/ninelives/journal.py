@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 from .blobs import escape, needs_escape
 from .errors import OutputRefused
-from .models import Event, EventKind, StepStatus, Task
+from .models import MAX_DEPTH, Event, EventKind, StepStatus, Task, nested_deeper
 
 #: Kinds that close a ``step_started``.
 CLOSING_KINDS = frozenset(
@@ -48,6 +48,8 @@ def storable(value: Any, what: str) -> str:
     except (TypeError, ValueError, RecursionError) as exc:
         raise ValueError(f"{what} is not standard JSON: {exc}") from None
     _check_unicode(text, what)
+    if nested_deeper(text, MAX_DEPTH):
+        raise ValueError(f"{what} nests more than {MAX_DEPTH} levels deep")
     return text
 
 
@@ -88,6 +90,9 @@ def encode_output(output: Any, max_bytes: int = MAX_OUTPUT_BYTES) -> str:
         size = _check_unicode(text, "the output")
     except ValueError as exc:
         raise OutputRefused(f"output refused: {exc}") from None
+    if nested_deeper(text, MAX_DEPTH):
+        # Readers recurse once per level: refused here, not found unreadable later.
+        raise OutputRefused(f"output refused: it nests more than {MAX_DEPTH} levels deep")
     if size > max_bytes:
         raise OutputRefused(
             f"output refused: {size} bytes of JSON exceed the maximum output size of "

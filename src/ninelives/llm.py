@@ -48,6 +48,9 @@ class ToolCall:
     id: str
     name: str
     arguments: dict[str, Any]
+    #: Why the arguments cannot be used as they came (not decodable: nested too
+    #: deep), or ''; the agent makes it the call's error result.
+    problem: str = ""
 
     def as_message(self) -> dict[str, Any]:
         """The call in the neutral message shape."""
@@ -309,6 +312,8 @@ class _HttpEngine:
             return json.loads(raw), ms
         except (ValueError, UnicodeDecodeError):
             raise self._fail(f"the reply is not JSON: {_snippet(raw)}") from None
+        except RecursionError:
+            raise self._fail("the reply is nested too deeply to decode") from None
 
     def _calls(self, raw: Any) -> tuple[ToolCall, ...]:
         """The tool calls of a reply's message, in both wire formats: OpenAI sends
@@ -319,12 +324,13 @@ class _HttpEngine:
             if not isinstance(function, dict) or not isinstance(function.get("name"), str):
                 raise self._fail(f"tool call {n} has no function name")
             arguments = function.get("arguments") or {}
+            problem = ""
             if isinstance(arguments, str):
-                arguments = _decode_arguments(arguments)
+                arguments, problem = _decode_arguments(arguments)
             # Numbered when the wire has no id: stable for this reply, which is
             # committed with the turn, so the next turn answers the same ids.
             call_id = call.get("id") if isinstance(call.get("id"), str) else f"call_{n}"
-            calls.append(_call(call_id, function["name"], arguments))
+            calls.append(_call(call_id, function["name"], arguments, problem))
         return tuple(calls)
 
     @staticmethod
@@ -448,19 +454,23 @@ def _to_ollama(message: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _decode_arguments(raw: str) -> Any:
+def _decode_arguments(raw: str) -> tuple[Any, str]:
+    """Arguments sent as JSON text, decoded, and why they cannot be used ('' if they can)."""
     try:
-        return json.loads(raw) if raw.strip() else {}
+        return (json.loads(raw) if raw.strip() else {}), ""
     except ValueError:
         # Not the model's fault alone, and not a reason to fail the exchange:
         # the caller sees arguments that fail the tool's schema.
-        return {"_unparsed_arguments": raw}
+        return {"_unparsed_arguments": raw}, ""
+    except RecursionError:
+        # Too deep for the decoder: a call error, not a failed exchange.
+        return {}, "the arguments are nested too deeply to decode"
 
 
-def _call(call_id: str, name: str, arguments: Any) -> ToolCall:
+def _call(call_id: str, name: str, arguments: Any, problem: str = "") -> ToolCall:
     if not isinstance(arguments, dict):
         arguments = {"_arguments": arguments}
-    return ToolCall(id=call_id, name=name, arguments=arguments)
+    return ToolCall(id=call_id, name=name, arguments=arguments, problem=problem)
 
 
 def _snippet(value: Any, limit: int = 120) -> str:

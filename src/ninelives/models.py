@@ -129,7 +129,7 @@ class Step(NamedTuple):
                 output=load_json_object(output) if output is not None else None,
                 attempts=attempts,
                 policy=load_json_object(policy) if policy is not None else None,
-                progress=json.loads(progress) if progress is not None else None,
+                progress=load_json(progress) if progress is not None else None,
                 not_before=not_before,
             )
         except (ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError
@@ -268,11 +268,47 @@ def _damaged(task_id: str, where: str, exc: Exception) -> DamagedTask:
     )
 
 
+#: How deep a plan, a step's output or progress may nest (arrays and objects),
+#: as written from now on.
+MAX_DEPTH = 32
+#: How deep a stored row's JSON may nest (containers in containers) to be read. New
+#: rows nest at most 32 levels (plans, outputs, a model's call arguments); this
+#: leaves rows of older versions readable while keeping every reader (which may
+#: recurse once per level) far from Python's recursion limit.
+MAX_READ_DEPTH = 256
+# A JSON string (escapes included): removed before counting brackets.
+_JSON_STRING = r'"[^"\\]*(?:\\.[^"\\]*)*"'
+
+
+def nested_deeper(text: str, limit: int) -> bool:
+    """True when the JSON ``text`` nests arrays and objects more than ``limit``
+    levels deep. Read from the text, never decoded, so it cannot overflow the
+    stack; cheap when the text holds at most ``limit`` brackets."""
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    import re
+    from itertools import accumulate
+
+    marks = re.findall(r"[][{}]", re.sub(_JSON_STRING, "", text))
+    return max(accumulate(1 if m in "[{" else -1 for m in marks), default=0) > limit
+
+
+def load_json(text: str) -> Any:
+    """Decode stored JSON text; ``ValueError`` for text that does not parse or
+    nests more than :data:`MAX_READ_DEPTH` levels (which no reader could walk)."""
+    if nested_deeper(text, MAX_READ_DEPTH):
+        raise ValueError(f"its JSON nests more than {MAX_READ_DEPTH} levels deep")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("its JSON nests too deeply to decode") from None
+
+
 def load_json_object(text: str | None) -> dict[str, Any]:
     """Decode a stored JSON object column; ``NULL`` or empty reads as ``{}``."""
     if not text:
         return {}
-    value = json.loads(text)
+    value = load_json(text)
     return value if isinstance(value, dict) else {"value": value}
 
 

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import PlanError
+from .models import MAX_DEPTH
 
 if TYPE_CHECKING:
     from .agent import AgentSpec
 
 MAX_PLAN_BYTES = 1 << 20
-MAX_DEPTH = 32
 MAX_STEPS = 10_000
 #: Keys of a step policy, allowed on a step beside ``tool`` and ``input`` and in
 #: the plan's ``defaults``.

@@ -32,10 +32,14 @@ FAULTS = ("hang", "garbage", "http500", "die", "wrong_shape")
 
 @dataclass(frozen=True)
 class Turn:
-    """One scripted answer: text, and tool calls as ``(name, arguments)`` pairs."""
+    """One scripted answer: text, and tool calls as ``(name, arguments)`` pairs.
+
+    Arguments given as a string are sent as they are: in the OpenAI format as the
+    arguments' JSON text (``'{"n": NaN}'``, text that is not JSON at all), in
+    Ollama's spliced into the reply body as its raw JSON."""
 
     text: str = ""
-    calls: Sequence[tuple[str, dict[str, Any]]] = ()
+    calls: Sequence[tuple[str, dict[str, Any] | str]] = ()
     input_tokens: int = 11
     output_tokens: int = 7
 
@@ -148,7 +152,7 @@ class FakeModelServer:
                     self._send(200, b'{"result": "no message here"}')
                 elif isinstance(turn, Turn):
                     model = body.get("model", "") if isinstance(body, dict) else ""
-                    self._send(200, json.dumps(render(turn, model)).encode())
+                    self._send(200, _raw_arguments(json.dumps(render(turn, model))).encode())
                 else:  # pragma: no cover - a typo in a test's script
                     raise ValueError(f"unknown scripted turn {turn!r}")
 
@@ -168,11 +172,30 @@ def turn_of(body: Any) -> int:
     return sum(1 for m in messages or () if isinstance(m, dict) and m.get("role") == "assistant")
 
 
+#: Marks where raw arguments go in an Ollama reply body (see :func:`_raw_arguments`).
+_RAW = "\x00raw-arguments\x00"
+
+
+def _raw_arguments(body: str) -> str:
+    """The reply body with each marked string replaced by the raw JSON it holds."""
+    marker = json.dumps(_RAW)[:-1]  # the opening quote and the escaped marker
+    while (start := body.find(marker)) >= 0:
+        value, stop = json.JSONDecoder().raw_decode(body, start)
+        body = body[:start] + value[len(_RAW) :] + body[stop:]
+    return body
+
+
 def _ollama_reply(turn: Turn, model: str) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": turn.text}
     if turn.calls:
         message["tool_calls"] = [
-            {"function": {"name": name, "arguments": args}} for name, args in turn.calls
+            {
+                "function": {
+                    "name": name,
+                    "arguments": _RAW + args if isinstance(args, str) else args,
+                }
+            }
+            for name, args in turn.calls
         ]
     return {
         "model": model,
@@ -196,7 +219,10 @@ def _openai_reply(turn: Turn, model: str) -> dict[str, Any]:
             {
                 "id": f"call_{n}_{name}",
                 "type": "function",
-                "function": {"name": name, "arguments": json.dumps(args)},
+                "function": {
+                    "name": name,
+                    "arguments": args if isinstance(args, str) else json.dumps(args),
+                },
             }
             for n, (name, args) in enumerate(turn.calls)
         ]
