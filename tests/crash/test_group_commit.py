@@ -1,8 +1,9 @@
 """Group commit (``worker --group-commit``), killed for real, fenced, and its control.
 
 A worker with 16 slots runs 16 tasks of ``charge_rerun`` steps, whose effect is
-counted outside the process (tests/crash/effect_tools.py), and is SIGKILLed at
-random moments while it works, several times, then drained. The contract of a
+counted outside the process (tests/crash/effect_tools.py), and is SIGKILLed
+while it works (each time after a seeded number of new effects), several times,
+then drained. The contract of a
 ``rerun`` step: its effect runs at least once, and only ever after a durable
 ``step_started`` of that step, so the count of a step's effects never exceeds
 the ``step_started`` events its journal holds. The negative control releases
@@ -53,23 +54,28 @@ def _worker(lab: Lab, *extra: str) -> list[str]:
 
 
 def _kill_while_working(lab: Lab, rounds: int, seed: int, *extra: str, **env: str) -> int:
-    """Start the worker, wait until it is running effects, SIGKILL it at a random
-    moment; ``rounds`` times. Returns how many kills landed before every step ran."""
+    """Start the worker and SIGKILL it once a seeded number of new steps has run
+    its effect; ``rounds`` times. Returns how many kills landed before every step ran.
+
+    The kill points are counts of effects, not moments: a round takes at most
+    half its share of the steps still left, so every kill lands while work is
+    left however fast or slow the machine is, and the seed replays the schedule.
+    With 16 slots at work, where each slot stands at the kill is still left to chance.
+    """
     rng = random.Random(seed)
     landed = 0
-    for _ in range(rounds):
-        before = sum(_effects(lab).values())
+    for done_rounds in range(rounds):
+        ran = len(_effects(lab))
+        share = (TASKS * STEPS - ran) // (2 * (rounds - done_rounds))
+        target = ran + rng.randint(1, max(1, share))
         # A pause at every crash point stretches each step, so the kills land
-        # while every slot is between boundaries, not after the queue is done.
+        # while every slot is between boundaries.
         proc = lab.spawn(*_worker(lab, *extra), NINELIVES_CRASH_PAUSE="0.02", **env)
-        deadline = time.monotonic() + 10
-        while sum(_effects(lab).values()) <= before and time.monotonic() < deadline:
-            if len(_effects(lab)) == TASKS * STEPS:
-                break  # every step has run: nothing left to kill in
-            if proc.poll() is not None:
+        deadline = time.monotonic() + 60  # a hung worker is killed all the same
+        while len(_effects(lab)) < target and proc.poll() is None:
+            if time.monotonic() > deadline:
                 break
             time.sleep(0.005)
-        time.sleep(rng.uniform(0, 0.3))
         if proc.poll() is not None:
             break
         assert lab.kill(proc) == -9
@@ -105,7 +111,7 @@ def test_sixteen_slots_killed_at_random_lose_no_acknowledged_transition(
 ) -> None:
     lab = sqlite_lab
     _setup(lab)
-    assert _kill_while_working(lab, rounds=5, seed=seed) >= 3, "the kills came too late"
+    assert _kill_while_working(lab, rounds=5, seed=seed) == 5, "the kills came too late"
     drained = lab.cli(*_worker(lab, "--drain"), timeout=120)
     assert drained.returncode == 0, drained.stderr
     assert "group_commit=2ms" in drained.stderr
@@ -125,7 +131,7 @@ def test_control_callers_released_before_the_commit_run_effects_the_journal_lost
     _setup(lab)
     path = (lab.root / lab.db).resolve()
     unsafe = {"NINELIVES_TEST_GROUP_EARLY_RELEASE": f"unsafe-test-only:{path}"}
-    assert _kill_while_working(lab, 3, 13, "--group-commit-linger-ms", "200", **unsafe) >= 1
+    assert _kill_while_working(lab, 3, 13, "--group-commit-linger-ms", "200", **unsafe) == 3
     drained = lab.cli(*_worker(lab, "--drain"), timeout=120)
     assert drained.returncode == 0, drained.stderr
     assert any("effect ran" in problem for problem in _over_counted(lab))

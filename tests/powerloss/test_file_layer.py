@@ -147,7 +147,7 @@ def test_the_apsw_connection_serves_the_store_and_maps_errors(tmp_path: Path) ->
             # `running` and `done` per step; the first `running` commits together with
             # the recovery and run_started.
             assert tracker.commits == commits + 2 * 3
-            assert ("t", 0, "fetch") in {r[:3] for r in tracker.acked.rows("steps")}
+            assert ("t", 0, "fetch") in {r[:3] for r in tracker.committed.rows("steps")}
     finally:
         vfs.model, vfs.trigger = None, Trigger()
     assert any(op.startswith("sync state.db-wal") for op in trigger.ops)

@@ -2,8 +2,9 @@
 :class:`~ninelives.store.sqlite_group.GroupCommitter` (savepoints inside one
 transaction, the COMMIT by the committer) loses no acknowledged commit.
 
-The harness counts a commit as acknowledged when its COMMIT returns on any
-connection; a grouped write returns to its caller only after that."""
+The harness counts a write as acknowledged where its caller sees it: when the
+store's write returns, not when some connection's COMMIT returns (a grouped
+write's COMMIT runs on the committer's connection)."""
 
 from __future__ import annotations
 
@@ -68,3 +69,13 @@ def test_the_run_writes_through_the_group_committer(
     result = run_scenario(str(tmp_path / "s"), [Cut(at=10**6)], controls=GROUP)
     assert result.problems == ()
     assert len(grouped) >= 6  # the claim, then start and finish of each of 3 steps
+
+
+def test_control_writes_released_before_their_commit_lose_acknowledged_commits() -> None:
+    """The harness counts a write acknowledged where its caller sees it: a
+    committer that releases each write before the COMMIT holding it (its
+    test-only switch) shows as lost acknowledged commits, though every COMMIT
+    that returned is on disk."""
+    report = sweep(controls=Controls(group_commit=True, group_early_release=True), torn_seeds=0)
+    assert report.lost_commits > 0
+    assert any("lost acknowledged commit" in p for p in report.problems)

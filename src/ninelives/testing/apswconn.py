@@ -6,8 +6,8 @@ VFS: it links another copy of the library). :class:`ApswConnection` is the
 subset of ``sqlite3.Connection`` that :class:`~ninelives.store.sqlite.SQLiteStore`
 uses, over an apsw connection, with apsw errors turned into the ``sqlite3``
 exceptions (and ``sqlite_errorname``) the stdlib would raise. It also records,
-in a :class:`CommitTracker`, the database state of the last acknowledged
-commit and of the one in flight.
+in a :class:`CommitTracker`, the database state of each commit, of the one in
+flight, and of the last one a caller was told about.
 """
 
 from __future__ import annotations
@@ -60,16 +60,40 @@ def read_state(query: Callable[[str], Iterable[tuple[Any, ...]]]) -> DbState:
 
 
 class CommitTracker:
-    """The last commit SQLite acknowledged, and the one in flight."""
+    """What the database may hold after a cut: the commits SQLite returned from,
+    the one in flight, and the last state a caller was told is durable.
+
+    A commit is *acknowledged* when the store's write returns to its caller
+    (:meth:`acknowledge`, called by the harness's store), not when a COMMIT
+    returns on some connection: with group commit the COMMIT runs on another
+    connection than the write, and a write released to its caller before its
+    COMMIT is exactly what must show as a lost commit.
+    """
 
     def __init__(self, acked: DbState) -> None:
+        #: The state the last write that returned to its caller left.
         self.acked = acked
+        #: The state of the last COMMIT that returned, acknowledged or not.
+        self.committed = acked
+        #: States committed since the last acknowledgement: a cut may keep any.
+        self.unacked: list[DbState] = []
         self.inflight: DbState | None = None
         self.commits = 0
         #: A phase that failed without a cut: what it raised.
         self.error: str | None = None
         #: ``(synchronous, journal_mode)`` read back from each store connection.
         self.settings: set[tuple[int, str]] = set()
+
+    def acknowledge(self, state: DbState) -> None:
+        """A write returned to its caller, leaving ``state``: from now on the
+        database must hold at least that."""
+        self.acked = state
+        self.unacked = []
+
+    def valid(self) -> list[DbState]:
+        """The states a cut may leave: the acknowledged one, any commit since, the one in flight."""
+        pending = [self.inflight] if self.inflight is not None else []
+        return [self.acked, *self.unacked, *pending]
 
 
 # -- apsw behind the sqlite3 interface ----------------------------------------
@@ -171,9 +195,11 @@ class ApswConnection:
             self._tracker.inflight = read_state(self._query)
         rows = self._call(lambda: [tuple(r) for r in self._db.execute(sql, parameters or None)])
         if commit:
-            assert self._tracker.inflight is not None
-            self._tracker.acked, self._tracker.inflight = self._tracker.inflight, None
-            self._tracker.commits += 1
+            tracker = self._tracker
+            assert tracker.inflight is not None
+            tracker.committed, tracker.inflight = tracker.inflight, None
+            tracker.unacked.append(tracker.committed)
+            tracker.commits += 1
         changed = self._db.changes() if verb.startswith(_DML) else -1
         return _Rows(rows, changed)
 

@@ -9,8 +9,11 @@ machine would find it (only synced data, or synced data plus a torn part of
 the rest), then checked with the ordinary stdlib store:
 
 - ``PRAGMA integrity_check`` is ``ok`` (else a corrupt database);
-- the database holds exactly the last acknowledged commit, or the commit in
-  flight at the cut (its outcome was unknown); anything older is a lost commit;
+- the database holds at least what the last write that returned to its caller
+  left (a commit is acknowledged where the caller sees it, see
+  :class:`~ninelives.testing.apswconn.CommitTracker`): exactly that state, a
+  later commit, or the commit in flight at the cut (its outcome was unknown);
+  anything older is a lost commit;
 - every artifact the journal calls published exists with its recorded sha256.
 
 The next phase resumes (under the VFS again when more cuts are planned), and
@@ -28,7 +31,8 @@ import shutil
 import sqlite3
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -37,7 +41,7 @@ from ..runtime import Runtime
 from ..runtime import open as open_runtime
 from ..settings import Settings
 from ..store.sqlite import SQLiteStore
-from ..store.sqlite_group import GroupCommitter
+from ..store.sqlite_group import GroupCommitter, early_release
 from ..tools.builtin import default_registry, stub_summary
 from ..verify import verify_store
 from .apswconn import EMPTY, ApswConnection, CommitTracker, DbState, read_state
@@ -90,6 +94,9 @@ class Controls:
     #: Not a control: the run writes through a group committer
     #: (:mod:`ninelives.store.sqlite_group`), as ``worker --group-commit`` does.
     group_commit: bool = False
+    #: With ``group_commit``: the committer releases each write to its caller
+    #: before the COMMIT that holds it (its test-only switch).
+    group_early_release: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,7 +121,8 @@ class ScenarioResult:
     spec: tuple[Cut, ...]
     cuts: int
     torn_cuts: int
-    #: Cuts after which the commit in flight (not yet acknowledged) survived.
+    #: Cuts after which a commit not yet acknowledged to its caller (in flight
+    #: at the cut, or committed but not yet returned) survived.
     inflight_kept: int
     lost_commits: int
     corrupt: int
@@ -162,6 +170,24 @@ def prepare_folder(folder: str) -> None:
         fh.write(SUMMARY_NOTES)
 
 
+class _AckingStore(SQLiteStore):
+    """The ordinary store, telling the tracker what each write left once the
+    write returns to its caller: the moment the caller may act on it."""
+
+    def __init__(self, path: str, *, tracker: CommitTracker, connect: Any) -> None:
+        self._tracker = tracker
+        super().__init__(path, connect=connect)
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        with super()._write() as conn:
+            yield conn
+            # Still inside the write (its transaction or savepoint), on the
+            # connection that holds it: what the caller will be told is durable.
+            made = read_state(lambda q: conn.execute(q).fetchall())
+        self._tracker.acknowledge(made)
+
+
 def _create(rt: Runtime) -> None:
     try:
         rt.status(TASK_ID)
@@ -199,7 +225,8 @@ def _phase(
         with effects_through(proxy, plain_mkdir=controls.plain_mkdir), store_through(store_os):
             # Two opens, as two commands would: `create`, then `run`.
             for action in (_create, lambda rt: rt.run(TASK_ID)):
-                store = SQLiteStore(os.path.join(folder, DB_NAME), connect=connect)
+                db = os.path.join(folder, DB_NAME)
+                store = _AckingStore(db, tracker=tracker, connect=connect)
                 conn = cast(ApswConnection, store._conn)
                 if controls.synchronous is not None:
                     conn.execute(f"PRAGMA synchronous={controls.synchronous}")
@@ -229,14 +256,34 @@ def _group(
     whose own connection runs on the recording layer too."""
     if not controls.group_commit:
         return None
-    carrier = SQLiteStore(store.path, connect=connect)
+    carrier = _AckingStore(store.path, tracker=tracker, connect=connect)
     conn = cast(ApswConnection, carrier._conn)
     if controls.synchronous is not None:  # the connection that commits loses it too
         conn.execute(f"PRAGMA synchronous={controls.synchronous}")
     tracker.settings.add(conn.safety_settings())
-    group = GroupCommitter(carrier)
+    early = controls.group_early_release
+    with _early_release(carrier.path, early):
+        # Released early, callers run ahead of a commit for up to the linger: a wide window.
+        group = GroupCommitter(carrier, linger=0.05 if early else 0.002)
     store.join_group(group)
     return group
+
+
+@contextmanager
+def _early_release(path: str, on: bool) -> Iterator[None]:
+    """The committer's test-only early-release switch, on while it is built."""
+    name = "NINELIVES_TEST_GROUP_EARLY_RELEASE"
+    old = os.environ.get(name)
+    if on:
+        os.environ[name] = f"unsafe-test-only:{path}"
+        assert early_release(path)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
 
 
 def _inspect(folder: str, tracker: CommitTracker, tally: _Tally, where: str) -> DbState:
@@ -256,8 +303,8 @@ def _inspect(folder: str, tracker: CommitTracker, tally: _Tally, where: str) -> 
             tally.corrupt += 1
             tally.problems.append(f"{where}: corrupt database: {'; '.join(check[:3])}")
             return state
-    valid = [tracker.acked] + ([tracker.inflight] if tracker.inflight is not None else [])
-    if state != tracker.acked and state == tracker.inflight:
+    valid = tracker.valid()
+    if state != tracker.acked and state in valid:
         tally.inflight_kept += 1
     if state not in valid:
         missing = [t for t, rows in tracker.acked.tables if not frozenset(rows) <= state.rows(t)]
