@@ -32,12 +32,14 @@ def _created(store: Store, task_id: str = "w1") -> None:
 def test_append_step_commits_the_new_step_running_in_one_transaction(store: Store) -> None:
     _created(store)
     run, task = store.begin_run("w1", "r1", start_first=True)
-    assert task.steps == () and run.started is None
+    assert task.steps == ()
+    assert run.started is None
     attempt = store.append_step(run, 0, "read", '{"args":["a"],"kwargs":{}}', policy='{"x":1}')
     assert attempt == 1
     step = store.get_task("w1").steps[0]
     assert (step.idx, step.tool, step.status, step.attempts) == (0, "read", StepStatus.RUNNING, 1)
-    assert step.input == {"args": ["a"], "kwargs": {}} and step.policy == {"x": 1}
+    assert step.input == {"args": ["a"], "kwargs": {}}
+    assert step.policy == {"x": 1}
     assert kinds(store, "w1")[-2:] == ["step_appended", "step_started"]
     store.finish_step(run, 0, "read", '{"value":1}', last=False)
     store.finish_task(run, result='{"ok":true}')
@@ -84,7 +86,8 @@ def test_the_claim_never_starts_a_workflow_step(store: Store) -> None:
     store.append_step(run, 0, "read", "{}")
     store.end_run(run)  # killed: the step is left running
     run, task = store.begin_run("w1", "r2", start_first=True)
-    assert run.recovered == (0,) and run.started is None
+    assert run.recovered == (0,)
+    assert run.started is None
     assert task.steps[0].status is StepStatus.PENDING  # its code starts it, by name
     store.end_run(run)
 
