@@ -108,3 +108,31 @@ def test_the_library_resumes_a_killed_workflow(flow_lab: Lab, point: str) -> Non
     assert json.loads(done.stdout) == EXPECTED
     assert outcomes(lab) == {"lib-2": "summary: ticket T-1"}
     assert lab.cli("verify", "lib").returncode == 0
+
+
+def test_a_probed_step_killed_after_its_effect_is_not_called_again(flow_lab: Lab) -> None:
+    lab = flow_lab
+    assert lab.cli("create", "p", "--workflow", "probed", "--args", '["T"]').returncode == 0
+    assert lab.cli("run", "p", AGENT_CRASH_AT="after_effect:1").returncode == -9
+    done = lab.cli("run", "p")
+    assert done.returncode == 0, done.stderr
+    assert calls(lab) == ["read T", "post p-1"]  # the probe found the effect: no second call
+    kinds = [e["kind"] for e in lab.cli("export", "p").jsonl()]
+    assert "step_reconciled" in kinds
+    assert lab.cli("status", "p", "--json").json()["result"] == {
+        "note": "probed: ticket T\nsecond line"
+    }
+    assert lab.cli("verify", "p").returncode == 0
+
+
+def test_negative_control_a_step_without_its_running_commit_is_called_twice(
+    flow_lab: Lab,
+) -> None:
+    """The running commit before the effect is what lets the probe spare the call:
+    with it skipped (test-only) the killed step leaves no trace and runs again."""
+    lab = flow_lab
+    switch = {"NINELIVES_TEST_SKIP_RUNNING_COMMIT": "unsafe-test-only:" + lab.db}
+    assert lab.cli("create", "p", "--workflow", "probed", "--args", '["T"]').returncode == 0
+    assert lab.cli("run", "p", AGENT_CRASH_AT="after_effect:1", **switch).returncode == -9
+    assert lab.cli("run", "p", **switch).returncode == 0
+    assert calls(lab) == ["read T", "post p-1", "post p-1"]  # the duplicate the check notices
