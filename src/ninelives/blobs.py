@@ -23,8 +23,11 @@ hold in memory returns its text as one); such nested references are kept by
 :func:`sweep` and checked by :func:`check`, and read with :func:`open_ref`,
 but are not resolved when a task is read.
 
-For housekeeping (``gc``, ``doctor``): :func:`referenced`, :func:`sweep` and
-:func:`check`.
+For housekeeping (``gc``, ``doctor``): :func:`referenced`, :func:`unreferenced`,
+:func:`sweep`, :func:`damaged` and :func:`check`. A temporary file of a blob
+being stored on SQLite is named after the step's idempotency key
+(``.<task>-<idx>.<hex>.tmp``) and written under that task's lock: it is an
+orphan exactly when no live process holds that lock (:meth:`FolderBlobs.temps`).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -160,13 +163,27 @@ class Blobs(Protocol):
         """Remove temporary files a killed run of ``task_id`` left (under its lock)."""
         ...
 
+    def temps(self, older_than: float) -> list[tuple[str, int, float]]:
+        """The temporary files whose writer is gone, ``(name, size, modified)``:
+        one of a step whose task no live process holds, or an untagged one last
+        written before ``older_than``. Never one a live writer may still write."""
+        ...
+
+    def remove_temp(self, name: str, older_than: float) -> bool:
+        """Remove temporary file ``name`` if its writer is gone (checked again now);
+        True if it is gone."""
+        ...
+
     def remove_temps(self, older_than: float) -> list[str]:
-        """Remove every temporary file last written before ``older_than``; their names."""
+        """Remove every temporary file whose writer is gone (:meth:`temps`); their names."""
         ...
 
 
 #: What follows ``.TASK-`` in the name of a blob's temporary file (tag ``TASK-IDX``).
 _TEMP_TAIL = re.compile(r"\d+\.[0-9a-f]{16}\.tmp")
+#: A blob's temporary file: ``.<tag>.<16 hex>.tmp``; a tag ``TASK-IDX`` names its step.
+_TEMP_NAME = re.compile(r"\.(.+)\.[0-9a-f]{16}\.tmp")
+_STEP_TAG = re.compile(r"(.+)-\d+")
 
 
 # -- resolving rows --------------------------------------------------------------
@@ -264,12 +281,22 @@ class FolderBlobs:
     Reading never creates the folder (the read-only commands use this too).
     """
 
-    def __init__(self, folder: str, lock_file: str | None = None) -> None:
+    def __init__(
+        self,
+        folder: str,
+        lock_file: str | None = None,
+        *,
+        held: Callable[[str], bool] | None = None,
+    ) -> None:
         self.folder = folder
         #: Writers hold it shared while they store or find a blob, a sweep holds it
         #: exclusive while it deletes one: a blob found by a writer is never swept
         #: between the finding and the refreshing of its time. None: no lock (readers).
         self.lock_file = lock_file
+        #: Whether a live process holds a task's lock: a step's blob is written
+        #: under it, so its temporary file is an orphan once nobody holds it.
+        #: None: unknown (temporary files then go by age alone).
+        self.held = held
 
     @contextmanager
     def _locked(self, *, exclusive: bool) -> Iterator[None]:
@@ -403,8 +430,48 @@ class FolderBlobs:
 
         self._remove_temps(match, None)
 
+    def _writer_gone(self, name: str, modified: float, older_than: float) -> bool:
+        found = _TEMP_NAME.fullmatch(name)
+        if found is None:
+            return False
+        step = _STEP_TAG.fullmatch(found.group(1))
+        if step is not None and self.held is not None:
+            return not self.held(step.group(1))
+        return modified < older_than
+
+    def temps(self, older_than: float) -> list[tuple[str, int, float]]:
+        found = []
+        try:
+            entries = list(os.scandir(self.folder))
+        except OSError:
+            return []
+        for entry in entries:
+            if not _TEMP_NAME.fullmatch(entry.name):
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if self._writer_gone(entry.name, st.st_mtime, older_than):
+                found.append((entry.name, st.st_size, st.st_mtime))
+        return sorted(found)
+
+    def remove_temp(self, name: str, older_than: float) -> bool:
+        if os.sep in name or not _TEMP_NAME.fullmatch(name):
+            return False
+        path = os.path.join(self.folder, name)
+        try:
+            if not self._writer_gone(name, os.lstat(path).st_mtime, older_than):
+                return False
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return False
+        return True
+
     def remove_temps(self, older_than: float) -> list[str]:
-        return self._remove_temps(lambda name: True, older_than)
+        return [n for n, _, _ in self.temps(older_than) if self.remove_temp(n, older_than)]
 
     def _remove_temps(self, match: Any, older_than: float | None) -> list[str]:
         try:
@@ -476,9 +543,19 @@ def referenced(store: Any) -> set[str]:
     return {r.ref.sha256 for r in references(store)}
 
 
-def sweep(store: Any, *, grace: float = GRACE, now: float | None = None) -> list[str]:
+def unreferenced(store: Any, older_than: float) -> list[tuple[str, int, float]]:
+    """``(sha256, size, modified)`` of every blob nobody refers to that was last
+    written before ``older_than`` (epoch seconds)."""
+    keep = referenced(store)
+    return [b for b in store.blobs.stored() if b[0] not in keep and b[2] < older_than]
+
+
+def sweep(
+    store: Any, *, grace: float = GRACE, now: float | None = None, temps: bool = True
+) -> list[str]:
     """Delete the blobs nobody refers to that were last written more than
-    ``grace`` seconds ago (and temporary files as old); return their hashes.
+    ``grace`` seconds ago (and, with ``temps``, the temporary files whose
+    writer is gone: :meth:`Blobs.remove_temps`); return their hashes.
 
     Safe beside running runners: a runner writes (or, for content already
     stored, touches) its blob just before committing the reference, so a blob
@@ -486,18 +563,19 @@ def sweep(store: Any, *, grace: float = GRACE, now: float | None = None) -> list
     yet. ``grace`` must exceed that moment (seconds); the default is an hour.
     """
     cutoff = (time.time() if now is None else now) - grace
-    keep = referenced(store)
-    removed = []
-    for sha256, _size, modified in store.blobs.stored():
-        if sha256 not in keep and modified < cutoff and store.blobs.delete(sha256, cutoff):
-            removed.append(sha256)
-    store.blobs.remove_temps(cutoff)
+    removed = [
+        sha256
+        for sha256, _size, _modified in unreferenced(store, cutoff)
+        if store.blobs.delete(sha256, cutoff)
+    ]
+    if temps:
+        store.blobs.remove_temps(cutoff)
     return removed
 
 
-def check(store: Any) -> list[str]:
-    """One line per referenced blob that is missing or does not match its
-    reference, naming the task and step; empty when every blob is sound."""
+def damaged(store: Any) -> list[tuple[Reference, str]]:
+    """Every referenced blob that is missing or does not match its reference
+    (read whole and hashed), with why."""
     problems = []
     blobs: Blobs = store.blobs
     for reference in references(store):
@@ -505,9 +583,20 @@ def check(store: Any) -> list[str]:
             for _ in blobs.chunks(reference.ref):
                 pass
         except BlobUnreadable as exc:
-            what = "output blob" if reference.whole else "a blob its output refers to,"
-            problems.append(
-                f"task {reference.task_id!r} step {reference.step}: {what} "
-                f"{reference.ref.short()}: {exc}"
-            )
+            problems.append((reference, str(exc)))
     return problems
+
+
+def check(store: Any) -> list[str]:
+    """One line per referenced blob that is missing or does not match its
+    reference, naming the task and step; empty when every blob is sound."""
+    return [
+        f"task {reference.task_id!r} step {reference.step}: {describe(reference)}: {why}"
+        for reference, why in damaged(store)
+    ]
+
+
+def describe(reference: Reference) -> str:
+    """``output blob <short>`` or ``a blob its output refers to, <short>``."""
+    what = "output blob" if reference.whole else "a blob its output refers to,"
+    return f"{what} {reference.ref.short()}"

@@ -423,6 +423,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
         return 0
     for name in report.blobs:
         cli._out(cli.printable(f"{verb} blob {name}"))
+    for name in report.temps:
+        cli._out(cli.printable(f"{verb} temporary blob file {name}"))
     rows = "" if args.dry_run else f", {report.steps} step(s), {report.events} event(s)"
     held = f"; {report.skipped} left (held or changed meanwhile)" if report.skipped else ""
     cli._out(f"gc: {verb} {len(report.removed)} task(s){rows}, {len(report.blobs)} blob(s){held}")

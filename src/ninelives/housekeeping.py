@@ -12,10 +12,11 @@ user's output, not the runtime's state: gc leaves them where they are.
 one :class:`Finding` each, with the command that fixes it; it writes nothing
 unless asked to fix.
 
-Blobs (large outputs kept in content-addressed files) plug in through two
-hooks, :func:`sweep_blobs` (called once by ``gc`` after its last batch, so
-that no blob a row still names is removed) and :func:`blob_findings` (called
-by ``doctor``).
+Blobs (large outputs kept out of the row, :mod:`ninelives.blobs`) plug in
+through two hooks, :func:`sweep_blobs` (called once by ``gc`` after its last
+batch, so that no blob a row still names is removed) and :func:`blob_findings`
+(called by ``doctor``): blobs nobody refers to past the grace time, temporary
+files whose writer is gone, and referenced blobs missing or damaged.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import InputError
-from .locking import lock_path
+from .locking import BLOBS_LOCK, TASK_LOCK_NAME, lock_path
 from .models import TaskStatus
 
 #: The statuses a task never leaves by itself: the only ones gc deletes.
@@ -83,6 +84,8 @@ class GcReport:
     #: Candidates left because a live runner held them or they changed meanwhile.
     skipped: int = 0
     blobs: list[str] = field(default_factory=list)
+    #: Temporary blob files whose writer was gone (a run killed while storing one).
+    temps: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         """The ``gc --json`` view."""
@@ -94,6 +97,7 @@ class GcReport:
             "batches": self.batches,
             "skipped": self.skipped,
             "blobs": self.blobs,
+            "temps": self.temps,
             "removed": [{"task": t, "status": s} for t, s in self.removed],
         }
 
@@ -135,7 +139,7 @@ def gc(
             report.removed.extend(done)
             if progress is not None and done:
                 progress(done)
-    report.blobs = sweep_blobs(store, dry_run=dry_run)
+    report.blobs, report.temps = sweep_blobs(store, dry_run=dry_run, now=now)
     return report
 
 
@@ -153,24 +157,66 @@ def _pages(store: Any, status: str, before: float, batch: int) -> Iterator[list[
             return
 
 
-def sweep_blobs(store: Any, *, dry_run: bool) -> list[str]:
-    """Hook for blobs: remove every blob no stored row references; return their names.
+def sweep_blobs(
+    store: Any, *, dry_run: bool, now: float | None = None
+) -> tuple[list[str], list[str]]:
+    """Hook for blobs: remove every blob no stored row references, last written
+    over :data:`ninelives.blobs.GRACE` ago, and every temporary blob file whose
+    writer is gone; return ``(hashes, temporary names)`` (with ``dry_run``,
+    what would go).
 
     Called once by :func:`gc` after its last batch has committed, so a blob is
     only removed once no row can name it. Without a blob store there is nothing
-    to sweep. (Wire ``ninelives.blobs``' sweep of unreferenced blobs here.)
+    to sweep.
     """
-    return []
+    from . import blobs
+
+    found = getattr(store, "blobs", None)
+    if found is None:
+        return [], []
+    cutoff = (time.time() if now is None else now) - blobs.GRACE
+    if dry_run:
+        stale = blobs.unreferenced(store, cutoff)
+        return [b[0] for b in stale], [t[0] for t in found.temps(cutoff)]
+    removed = blobs.sweep(store, now=now, temps=False)
+    return removed, found.remove_temps(cutoff)
 
 
-def blob_findings(store: Any) -> list[Finding]:
-    """Hook for blobs: missing blobs, blobs whose content no longer matches their
-    hash, and orphaned blobs, as doctor findings (each with its fix).
+def blob_findings(store: Any, now: float) -> list[Finding]:
+    """Hook for blobs: missing blobs and blobs whose content no longer matches
+    their hash (``blob``), blobs nobody refers to past the grace time
+    (``blob_orphan``) and temporary blob files whose writer is gone
+    (``blob_temp``), as doctor findings, each with its fix.
 
-    Without a blob store there is nothing to check. (Wire ``ninelives.blobs``'
-    check here.)
+    Without a blob store there is nothing to check.
     """
-    return []
+    from . import blobs
+
+    found = getattr(store, "blobs", None)
+    if found is None:
+        return []
+    cutoff = now - blobs.GRACE
+    findings = [
+        Finding("blob", f"{ref.task_id} step {ref.step}", f"{blobs.describe(ref)}: {why}",
+                "restore the blobs from a backup taken with the database "
+                "(SQLite: the DB.blobs folder; PostgreSQL: the blobs tables)")
+        for ref, why in blobs.damaged(store)
+    ]  # fmt: skip
+    for sha256, size, modified in blobs.unreferenced(store, cutoff):
+        findings.append(
+            Finding("blob_orphan", sha256,
+                    f"blob of {size} bytes that no step refers to, "
+                    f"{(now - modified) / 3600:.1f} h old",
+                    "ninelives gc or ninelives doctor --fix (removes it)", fixable=True)
+        )  # fmt: skip
+    for name, size, _modified in found.temps(cutoff):
+        findings.append(
+            Finding("blob_temp", os.path.join(found.folder, name),
+                    f"temporary blob file of {size} bytes whose writer is gone "
+                    "(a run killed while storing a blob)",
+                    "ninelives gc or ninelives doctor --fix (removes it)", fixable=True)
+        )  # fmt: skip
+    return findings
 
 
 # -- doctor -----------------------------------------------------------------------
@@ -214,7 +260,7 @@ def doctor(
     found = _findings(store, artifacts, now)
     if not fix:
         return found, []
-    fixed = [f for f in found if f.fixable and _repair(store, f)]
+    fixed = [f for f in found if f.fixable and _repair(store, f, now)]
     return _findings(store, artifacts, now), fixed
 
 
@@ -251,7 +297,7 @@ def _findings(store: Any, artifacts: str, now: float) -> list[Finding]:
     findings += _leases(store)
     findings += _lock_files(store)
     findings += _temp_files(store, artifacts, now)
-    findings += blob_findings(store)
+    findings += blob_findings(store, now)
     return findings
 
 
@@ -294,9 +340,12 @@ def _leases(store: Any) -> list[Finding]:
 
 
 def _lock_files(store: Any) -> list[Finding]:
+    # Only task locks can be orphans: the blob store's lock (BLOBS_LOCK) is held
+    # by every blob writer and sweep, and a name ninelives does not make is
+    # not its to judge.
     if not hasattr(store, "lock_files"):
         return []
-    names = store.lock_files()
+    names = [n for n in store.lock_files() if n != BLOBS_LOCK and re.fullmatch(TASK_LOCK_NAME, n)]
     if not names:
         return []
     known = {os.path.basename(lock_path(store.path, task_id)) for task_id in store.task_ids()}
@@ -335,7 +384,14 @@ def _temp_files(store: Any, artifacts: str, now: float) -> list[Finding]:
     return found
 
 
-def _repair(store: Any, finding: Finding) -> bool:
+def _repair(store: Any, finding: Finding, now: float) -> bool:
+    from .blobs import GRACE
+
+    if finding.kind == "blob_orphan":  # deleted only if still unwritten since
+        store.blobs.delete(finding.subject, now - GRACE)
+        return True
+    if finding.kind == "blob_temp":  # removed only if its writer is still gone
+        return bool(store.blobs.remove_temp(os.path.basename(finding.subject), now - GRACE))
     if finding.kind == "schema":
         return True  # opening the store for writing migrated it
     if finding.kind == "dangling":

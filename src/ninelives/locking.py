@@ -16,6 +16,12 @@ import os
 
 from .errors import StoreError, TaskBusy
 
+#: The blob store's lock in the lock folder (:class:`ninelives.blobs.FolderBlobs`):
+#: writers hold it shared, a sweep exclusive. Never a task's, never removed.
+BLOBS_LOCK = "blobs.lock"
+#: The name of a task's lock file: 32 hex digits of the SHA-256 of its id.
+TASK_LOCK_NAME = r"[0-9a-f]{32}\.lock"
+
 
 def lock_folder(db_path: str) -> str:
     """The folder holding the lock files of the database at ``db_path``."""

@@ -153,3 +153,31 @@ def test_doctor_names_a_killed_task_and_its_fix(lab: Lab) -> None:
         "findings": [],
         "fixed": [],
     }
+
+
+def test_doctor_knows_the_blob_stores_lock_and_never_removes_it(sqlite_lab: Lab) -> None:
+    """``blobs.lock`` orders blob writers and the sweep: a healthy database that
+    stored blobs has no finding, and ``--fix`` leaves that lock (and any name
+    ninelives does not make) where it is, while still removing a task's stale lock."""
+    lab = sqlite_lab
+    lab.guide_setup()
+    assert lab.cli("create", "b", "plan.json").returncode == 0
+    assert lab.cli("run", "b", NINELIVES_BLOB_THRESHOLD="0").returncode == 0
+    folder = Path(lock_folder(str(lab.sqlite_path)))
+    blob_lock = folder / "blobs.lock"
+    assert blob_lock.is_file()
+    inode = blob_lock.stat().st_ino
+    foreign = folder / "notes.txt"
+    foreign.write_text("not a lock file of ninelives", encoding="utf-8")
+    clean = lab.cli("doctor")
+    assert (clean.returncode, clean.stdout) == (0, "doctor: no findings\n"), clean
+    stale = folder / ("0" * 32 + ".lock")  # control: a task's stale lock is still found
+    stale.write_bytes(b"")
+    found = lab.cli("doctor", "--json")
+    assert found.returncode == 7
+    assert [(f["kind"], f["subject"]) for f in found.json()["findings"]] == [("lock", stale.name)]
+    fixed = lab.cli("doctor", "--fix")
+    assert fixed.returncode == 0, fixed
+    assert not stale.exists()
+    assert blob_lock.stat().st_ino == inode
+    assert foreign.exists()

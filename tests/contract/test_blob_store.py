@@ -17,6 +17,7 @@ from test_store_contract import Opener, open_, url  # noqa: F401  (fixtures)
 
 from ninelives import blobs
 from ninelives.errors import BlobDamaged
+from ninelives.housekeeping import doctor, gc
 from ninelives.runtime import Runtime
 from ninelives.settings import Settings
 from ninelives.store import Store, is_postgres_url
@@ -318,3 +319,68 @@ def test_a_sweep_deleting_a_blob_and_a_writer_finding_it_are_ordered(
     thread.join(timeout=30)
     assert stored == [ref]
     assert writer.blobs.read(ref) == data[0]
+
+
+def _age(store: Store, sha256: str, seconds: float) -> None:
+    """Make a stored blob look last written ``seconds`` ago, around the store."""
+    if is_postgres_url(store.url):
+        import psycopg
+
+        with psycopg.connect(store.url, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE blobs SET created_at = created_at - %s WHERE sha256 = %s",
+                (seconds, sha256),
+            )
+        return
+    path = os.path.join(store.url + ".blobs", sha256)
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def test_gc_removes_an_old_unreferenced_blob_and_keeps_the_rest(open_: Opener) -> None:  # noqa: F811
+    """gc's blob sweep: a 3-hour-old blob nobody refers to goes (a dry run only
+    names it); a fresh one stays (its reference may be about to commit); a
+    referenced one stays however old."""
+    store = open_()
+    _run(store, "t1", ["big"])
+    kept = blobs.row_ref(_rows(store, "t1")[0])
+    assert kept is not None
+    old = store.blobs.put([b"nobody refers to this"])
+    fresh = store.blobs.put([b"nor to this, yet"])
+    _age(store, old.sha256, 3 * 3600)
+    _age(store, kept.sha256, 3 * 3600)
+    dry = gc(store, older_than=30 * 86400, dry_run=True)
+    assert dry.blobs == [old.sha256]
+    assert len(store.blobs.stored()) == 3
+    report = gc(store, older_than=30 * 86400)
+    assert report.blobs == [old.sha256]
+    assert sorted(sha for sha, _, _ in store.blobs.stored()) == sorted([kept.sha256, fresh.sha256])
+    assert store.get_task("t1").steps[0].output == {"text": BIG}
+
+
+@pytest.mark.parametrize("how", ["missing", "corrupt", "flipped"])
+def test_doctor_reports_damaged_and_orphaned_blobs_and_fixes_only_orphans(
+    open_: Opener,  # noqa: F811
+    how: str,
+    tmp_path: Path,
+) -> None:
+    store = open_()
+    _run(store, "t1", ["small", "big"])
+    assert doctor(store, artifacts=str(tmp_path)) == ([], [])  # a sound store: no finding
+    ref = blobs.row_ref(_rows(store, "t1")[1])
+    assert ref is not None
+    orphan = store.blobs.put([b"left by a crash"])
+    _age(store, orphan.sha256, 3 * 3600)
+    _damage(store, ref.sha256, how)
+    found, _ = doctor(store, artifacts=str(tmp_path))
+    assert sorted((f.kind, f.subject) for f in found) == [
+        ("blob", "t1 step 1"),
+        ("blob_orphan", orphan.sha256),
+    ]
+    damaged = next(f for f in found if f.kind == "blob")
+    assert ref.sha256[:12] in damaged.detail
+    assert not damaged.fixable  # only a backup restores it
+    left, fixed = doctor(store, artifacts=str(tmp_path), fix=True)
+    assert [f.kind for f in fixed] == ["blob_orphan"]
+    assert [(f.kind, f.subject) for f in left] == [("blob", "t1 step 1")]
+    assert orphan.sha256 not in {sha for sha, _, _ in store.blobs.stored()}

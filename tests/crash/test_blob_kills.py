@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -104,6 +105,78 @@ def test_a_kill_in_the_middle_of_a_blob_publish_then_resume(lab: Lab) -> None:
     assert lab.cli("verify", TASK, "--artifacts", "artifacts").returncode == 0
     recovered = [e for e in after.events if e["kind"] == "step_recovered"]
     assert [e["step"] for e in recovered] == [0]
+
+
+def _blob_temps(lab: Lab) -> list[Path]:
+    folder = _blob_folder(lab)
+    assert folder is not None
+    return sorted(p for p in folder.iterdir() if p.name.startswith(".")) if folder.is_dir() else []
+
+
+def _streaming(lab: Lab) -> subprocess.Popen[str]:
+    """A run of the guide's plan over a 96 MiB file, caught streaming it into the blob store."""
+    lab.write_plan(GUIDE_PLAN)
+    _big_file(lab, 96 << 20)
+    assert lab.cli("create", TASK, "plan.json").returncode == 0
+    proc = lab.spawn("run", TASK)
+    deadline = time.monotonic() + 60
+    while not _writing(lab, None):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the blob publish was never seen in progress"
+        time.sleep(0.002)
+    return proc
+
+
+@pytest.mark.parametrize("cleaner", [("gc", "--older-than", "30d"), ("doctor", "--fix")])
+def test_gc_and_doctor_remove_the_temporary_file_of_a_run_killed_mid_stream(
+    sqlite_lab: Lab, cleaner: tuple[str, ...]
+) -> None:
+    """A real SIGKILL while a large fetch streams into the blob store leaves its
+    temporary file; doctor names it at once (its writer's lock is free), and gc
+    or doctor --fix removes it, without waiting for the task to be run again."""
+    lab = sqlite_lab
+    assert lab.kill(_streaming(lab)) == -9
+    [temp] = _blob_temps(lab)
+    assert temp.stat().st_size > 0
+    found = lab.cli("doctor", "--json")
+    assert found.returncode == 7, found
+    [finding] = [f for f in found.json()["findings"] if f["kind"] == "blob_temp"]
+    assert finding["subject"] == str(temp)
+    assert "ninelives doctor --fix" in finding["fix"]
+    cleaned = lab.cli(*cleaner)
+    # doctor --fix still names the killed task, which only a run resumes.
+    assert cleaned.returncode == (7 if cleaner[0] == "doctor" else 0), cleaned
+    assert temp.name in cleaned.stdout, cleaned.stdout
+    assert _blob_temps(lab) == []
+    assert lab.cli("run", TASK).returncode == 0  # the task itself was left alone
+    assert lab.cli("verify", TASK).returncode == 0
+    assert lab.cli("doctor").returncode == 0
+
+
+def test_control_a_live_writers_temporary_file_is_never_removed(sqlite_lab: Lab) -> None:
+    """The same moment with the writer alive (stopped, its file made to look
+    hours old): doctor does not name it, and neither doctor --fix nor gc removes
+    it; the run then finishes as if nothing happened."""
+    lab = sqlite_lab
+    proc = _streaming(lab)
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        [temp] = _blob_temps(lab)
+        size = temp.stat().st_size
+        hours_ago = time.time() - 3 * 3600
+        os.utime(temp, (hours_ago, hours_ago))
+        found = lab.cli("doctor", "--json")
+        assert found.returncode == 0, found  # a live run, a sound database
+        for command in (("doctor", "--fix"), ("gc", "--older-than", "0s")):
+            assert lab.cli(*command).returncode == 0
+        assert _blob_temps(lab) == [temp]
+        assert temp.stat().st_size == size
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    proc.communicate(timeout=300)
+    assert proc.returncode == 0
+    assert _blob_temps(lab) == []
+    assert lab.cli("verify", TASK, "--artifacts", "artifacts").returncode == 0
 
 
 def finished_blob(lab: Lab, step: int) -> object:

@@ -1,7 +1,8 @@
 """``ninelives gc`` SIGKILLed for real while it deletes, on SQLite and PostgreSQL:
 every task is whole or gone (no step or event of a deleted task, no lock file
-of one), what it printed as removed is gone, unfinished tasks are untouched,
-and ``verify --all`` and ``doctor`` are clean after every kill."""
+of one; its id recorded as removed exactly when it is gone), what it printed as
+removed is gone, unfinished tasks are untouched, and ``verify --all`` and
+``doctor`` are clean after every kill."""
 
 from __future__ import annotations
 
@@ -55,8 +56,26 @@ def _state(lab: Lab) -> dict[str, Any]:
         store.close()
 
 
+def _recorded(lab: Lab) -> set[str]:
+    """The ids in ``removed_tasks`` (never to be used again), read around the store."""
+    if lab.sqlite_path is not None:
+        import sqlite3
+
+        conn = sqlite3.connect(lab.sqlite_path)
+        try:
+            return {str(r[0]) for r in conn.execute("SELECT id FROM removed_tasks")}
+        finally:
+            conn.close()
+    import psycopg
+
+    with psycopg.connect(lab.db, autocommit=True) as pg:
+        return {str(r[0]) for r in pg.execute("SELECT id FROM removed_tasks")}
+
+
 def _check(lab: Lab, before: dict[str, Any], printed: set[str]) -> dict[str, Any]:
     now = _state(lab)
+    # Each task gone is recorded as removed in its deleting transaction; none left is.
+    assert _recorded(lab) == before["ids"] - now["ids"]
     assert now["dangling"] == {}, now["dangling"]
     assert now["waiting"] == before["waiting"]  # the unfinished task is untouched
     assert not printed & now["ids"], "gc printed a task as removed that is still there"
@@ -136,6 +155,7 @@ def test_the_checks_see_a_dangling_journal(lab: Lab) -> None:
         conn = sqlite3.connect(lab.sqlite_path)
         conn.execute("DELETE FROM steps WHERE task_id = 'done-000'")
         conn.execute("DELETE FROM tasks WHERE id = 'done-000'")
+        conn.execute("INSERT INTO removed_tasks VALUES ('done-000', 1.0)")
         conn.commit()
         conn.close()
     else:
@@ -144,6 +164,7 @@ def test_the_checks_see_a_dangling_journal(lab: Lab) -> None:
         with psycopg.connect(lab.db, autocommit=True) as conn:
             conn.execute("DELETE FROM steps WHERE task_id = 'done-000'")
             conn.execute("DELETE FROM tasks WHERE id = 'done-000'")
+            conn.execute("INSERT INTO removed_tasks VALUES ('done-000', 1.0)")
     with pytest.raises(AssertionError, match="events"):
         _check(lab, before, set())
     doctor = lab.cli("doctor")

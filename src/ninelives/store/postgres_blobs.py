@@ -147,6 +147,14 @@ class TableBlobs:
     def remove_orphans(self, task_id: str) -> None:
         """Nothing to remove: a killed writer's transaction rolled back."""
 
+    def temps(self, older_than: float) -> list[tuple[str, int, float]]:
+        """None: chunks under a temporary key never outlive their transaction."""
+        return []
+
+    def remove_temp(self, name: str, older_than: float) -> bool:
+        """Nothing to remove (see :meth:`temps`)."""
+        return False
+
     def remove_temps(self, older_than: float) -> list[str]:
         """Nothing to remove: chunks under a temporary key never outlive their transaction."""
         return []

@@ -30,7 +30,7 @@ from ..errors import (
     UnknownTask,
 )
 from ..journal import dumps
-from ..locking import TaskLock, is_held, lock_folder, lock_path
+from ..locking import BLOBS_LOCK, TaskLock, is_held, lock_folder, lock_path
 from ..models import APPROVAL_TOOL, Event, EventKind, Run, Step, StepStatus, Task, TaskStatus
 from ..policy import error_data, failure_reason
 from . import (
@@ -111,7 +111,9 @@ class SQLiteStore(SQLiteHousekeepingWrites):
         self.url = path
         #: Large outputs, as files in ``<real path>.blobs/`` (:mod:`ninelives.blobs`).
         self.blobs = FolderBlobs(
-            folder_for(self.path), os.path.join(lock_folder(self.path), "blobs.lock")
+            folder_for(self.path),
+            os.path.join(lock_folder(self.path), BLOBS_LOCK),
+            held=self.is_held,
         )
         self._locks: dict[str, TaskLock] = {}
         self._busy_timeout = busy_timeout

@@ -9,6 +9,7 @@ as an empty one.
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -18,7 +19,7 @@ from typing import Any, TypeVar
 from .. import crashpoints
 from ..errors import StoreError
 from ..journal import dumps
-from ..locking import TaskLock, is_held, lock_folder, lock_path, remove_lock
+from ..locking import TASK_LOCK_NAME, TaskLock, is_held, lock_folder, lock_path, remove_lock
 from ..models import Deleted, MetricCounts, TaskHold, TaskSummary, step_durations
 from . import sql
 from .sqlite_files import resolved_folder
@@ -222,6 +223,8 @@ class SQLiteHousekeepingWrites(SQLiteHousekeeping):
         import errno
         import fcntl
 
+        if not re.fullmatch(TASK_LOCK_NAME, name):
+            return False  # the blob store's lock, or a name ninelives does not make
         folder = lock_folder(self.path)
         try:
             fd = os.open(os.path.join(folder, name), os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)

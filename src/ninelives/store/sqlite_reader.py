@@ -93,7 +93,7 @@ class SQLiteReader(SQLiteHousekeeping):
         from ..blobs import FolderBlobs, folder_for
 
         #: The database's blobs, read only (:mod:`ninelives.blobs`).
-        self.blobs = FolderBlobs(folder_for(path))
+        self.blobs = FolderBlobs(folder_for(path), held=self.is_held)
         self._lock_fd: int | None = None
         self._stamp: tuple[int, int, int] | None = None
         self._conn: sqlite3.Connection | None = None
