@@ -51,9 +51,11 @@ EXIT_INTERRUPTED = 130
 
 EPILOG = """exit codes:
   0  done (also when already done)     4  bad input (usage, plan, task id, existing id,
-  1  unknown task                         a tool missing here; nothing written)
-  2  task failed (attempt or           5  database unusable, or this task's rows damaged
-     recovery limit)                   6  an I/O error left a write's outcome unknown; run again
+  1  unknown task (also: no database      a tool missing here; nothing written)
+     file, for a command on one task)  5  database missing (ls, gc, doctor, ui, verify --all),
+  2  task failed (attempt or              unusable or unwritable, psycopg not installed,
+     recovery limit)                      or this task's rows damaged
+                                       6  an I/O error left a write's outcome unknown; run again
   3  another process runs this task    7  verify or torture found violations,
                                           or doctor problems (listed on stdout)
                                        8  the task waits for a person: resolve or approve
@@ -467,13 +469,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env()
     if (args.task_id is None) != args.all:
-        raise InputError("give a TASK or --all, not both (see 'ninelives verify --help')")
+        which = ", not both" if args.all else ""
+        raise InputError(f"give a TASK or --all{which} (see 'ninelives verify --help')")
     if args.artifacts is not None and os.path.exists(args.artifacts):
         if not os.path.isdir(args.artifacts):
             raise InputError(f"--artifacts {args.artifacts}: not a folder")
     with _reader(args) as store:
         if args.all and isinstance(store, MissingStore):
-            raise StoreError(f"no database at {args.db}")
+            raise StoreError(f"no database at {args.db} ('ninelives create' makes one)")
         ids = None if args.all else [args.task_id]
         limits = (settings.max_attempts, settings.max_recoveries)
         report = verify_store(store, ids, artifacts=args.artifacts, limits=limits)
