@@ -70,7 +70,8 @@ example:
 
 #: The example that ends each command's ``--help`` (a test checks every command has one).
 EXAMPLES = {
-    "create": "ninelives create demo examples/demo/plan.json",
+    # From the checkout's root: fetch paths are relative to the folder run runs in.
+    "create": "cd examples/demo && ninelives create demo plan.json && ninelives run demo",
     "submit": "ninelives submit nightly-42 plan.json --queue nightly",
     "worker": "NINELIVES_DB=postgresql://db/ninelives ninelives worker --queue nightly "
     "--concurrency 4",
@@ -79,7 +80,7 @@ EXAMPLES = {
     "status": "ninelives status demo --json --outputs",
     "export": "ninelives export demo --format otlp-json > demo.trace.json",
     "verify": "ninelives verify --all --artifacts artifacts",
-    "torture": "ninelives torture examples/demo/plan.json --kills 20 --seed 7",
+    "torture": "cd examples/demo && ninelives torture plan.json --kills 20 --seed 7",
 }
 
 
@@ -340,6 +341,8 @@ def cmd_create(args: argparse.Namespace) -> int:
     queue = check_queue(_queue(args)) if args.enqueue or args.queue is not None else None
     with open_runtime(args.db, settings=settings, tools=tools) as rt:
         task = rt.create(args.task_id, plan, queue=queue)
+    if queue is None:  # run here, so here is where fetch reads (a worker's folder may differ)
+        _warn_missing_inputs(plan, settings.workspace)
     where = f" in queue {queue!r}" if queue else ""
     try:
         _out(f"created task {task.id!r} with {_plural(len(task.steps), 'step')}{where}")
@@ -348,6 +351,20 @@ def cmd_create(args: argparse.Namespace) -> int:
         # The task is stored: saying only "error" would invite a second create.
         raise OutputFailed(f"task {task.id!r} was stored, but {exc}") from None
     return 0
+
+
+def _warn_missing_inputs(plan: Any, workspace: str) -> None:
+    """One line on stderr naming the ``fetch`` paths that do not exist from
+    ``workspace``: a warning only, since the file may be made before ``run``."""
+    from .tools.builtin import missing_fetch_paths
+
+    missing = missing_fetch_paths(plan, workspace)
+    if missing:
+        named = ", ".join(f"{path} (step {idx})" for idx, path in missing)
+        _stderr(
+            f"ninelives: warning: fetch reads {named} relative to the folder run runs in "
+            f"({os.path.abspath(workspace)}), and it does not exist there yet"
+        )
 
 
 def _queue(args: argparse.Namespace) -> str:

@@ -104,3 +104,27 @@ def test_a_plan_file_that_is_not_json_is_named(sqlite_lab: Lab, content: bytes, 
     assert words in line, line
     assert "line 1 column 1 (char 0)" not in line
     assert sorted(p.name for p in sqlite_lab.root.iterdir()) == ["plan.json"]
+
+
+def test_create_warns_of_a_fetch_path_missing_here_and_still_stores(sqlite_lab: Lab) -> None:
+    lab = sqlite_lab
+    lab.guide_setup()
+    (lab.root / "input" / "notes.txt").unlink()
+    result = lab.cli("create", "t", "plan.json")
+    assert result.returncode == 0, result  # the contract's create succeeds
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("ninelives: warning: "), lines
+    assert "input/notes.txt (step 0)" in lines[0]
+    assert str(lab.root) in lines[0]
+    assert lab.cli("status", "t").json()["status"] == "pending"
+    # The control: with the file there, create says nothing on stderr.
+    lab.write("input/notes.txt", "Line one\n")
+    clean = lab.cli("create", "u", "plan.json")
+    assert clean.returncode == 0
+    assert clean.stderr == ""
+    # Queued for workers, whose folder this one need not be: no warning.
+    (lab.root / "input" / "notes.txt").unlink()
+    queued = lab.cli("submit", "v", "plan.json")
+    assert queued.returncode == 0
+    assert queued.stderr == ""
