@@ -53,9 +53,11 @@ EXIT_INTERRUPTED = 130
 
 EPILOG = """exit codes:
   0  done (also when already done)     4  bad input (usage, plan, task id, existing id,
-  1  unknown task                         a tool missing here; nothing written)
-  2  task failed (attempt or           5  database unusable, or this task's rows damaged
-     recovery limit)                   6  an I/O error left a write's outcome unknown; run again
+  1  unknown task (also: no database      a tool missing here; nothing written)
+     file, for a command on one task)  5  database missing (ls, gc, doctor, ui, verify --all),
+  2  task failed (attempt or              unusable or unwritable, psycopg not installed,
+     recovery limit)                      or this task's rows damaged
+                                       6  an I/O error left a write's outcome unknown; run again
   3  another process runs this task    7  verify or torture found violations,
                                           or doctor problems (listed on stdout)
                                        8  the task waits for a person: resolve or approve
@@ -71,7 +73,8 @@ example:
 
 #: The example that ends each command's ``--help`` (a test checks every command has one).
 EXAMPLES = {
-    "create": "ninelives create demo examples/demo/plan.json",
+    # From the checkout's root: fetch paths are relative to the folder run runs in.
+    "create": "cd examples/demo && ninelives create demo plan.json && ninelives run demo",
     "submit": "ninelives submit nightly-42 plan.json --queue nightly",
     "worker": "NINELIVES_DB=postgresql://db/ninelives ninelives worker --queue nightly "
     "--concurrency 4",
@@ -80,7 +83,7 @@ EXAMPLES = {
     "status": "ninelives status demo --json --outputs",
     "export": "ninelives export demo --format otlp-json > demo.trace.json",
     "verify": "ninelives verify --all --artifacts artifacts",
-    "torture": "ninelives torture examples/demo/plan.json --kills 20 --seed 7",
+    "torture": "cd examples/demo && ninelives torture plan.json --kills 20 --seed 7",
 }
 
 
@@ -347,6 +350,8 @@ def cmd_create(args: argparse.Namespace) -> int:
     with open_runtime(args.db, settings=settings, tools=tools) as rt:
         plan, positional, keywords = made
         task = rt.create(args.task_id, plan, *positional, queue=queue, **keywords)
+    if queue is None and args.workflow is None:  # run here, so here is where fetch reads
+        _warn_missing_inputs(plan, settings.workspace)
     where = f" in queue {queue!r}" if queue else ""
     try:
         what = (
@@ -372,6 +377,20 @@ def _workflow_task(args: argparse.Namespace) -> tuple[Any, list[Any], dict[str, 
     positional, keywords = parse_arguments(args.args if args.args is not None else "[]")
     prepare(args.task_id, flow, positional, keywords)
     return flow, positional, keywords
+
+
+def _warn_missing_inputs(plan: Any, workspace: str) -> None:
+    """One line on stderr naming the ``fetch`` paths that do not exist from
+    ``workspace``: a warning only, since the file may be made before ``run``."""
+    from .tools.builtin import missing_fetch_paths
+
+    missing = missing_fetch_paths(plan, workspace)
+    if missing:
+        named = ", ".join(f"{path} (step {idx})" for idx, path in missing)
+        _stderr(
+            f"ninelives: warning: fetch reads {named} relative to the folder run runs in "
+            f"({os.path.abspath(workspace)}), and it does not exist there yet"
+        )
 
 
 def _queue(args: argparse.Namespace) -> str:
@@ -516,13 +535,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env()
     if (args.task_id is None) != args.all:
-        raise InputError("give a TASK or --all, not both (see 'ninelives verify --help')")
+        which = ", not both" if args.all else ""
+        raise InputError(f"give a TASK or --all{which} (see 'ninelives verify --help')")
     if args.artifacts is not None and os.path.exists(args.artifacts):
         if not os.path.isdir(args.artifacts):
             raise InputError(f"--artifacts {args.artifacts}: not a folder")
     with _reader(args) as store:
         if args.all and isinstance(store, MissingStore):
-            raise StoreError(f"no database at {args.db}")
+            raise StoreError(f"no database at {args.db} ('ninelives create' makes one)")
         ids = None if args.all else [args.task_id]
         limits = (settings.max_attempts, settings.max_recoveries)
         report = verify_store(store, ids, artifacts=args.artifacts, limits=limits)

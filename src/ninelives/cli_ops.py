@@ -339,7 +339,7 @@ def _housekeeping_store(args: argparse.Namespace, *, write: bool) -> object:
 
     store = open_store(args.db, create=False, readonly=not write)
     if isinstance(store, MissingStore):
-        raise StoreError(f"no database at {args.db}")
+        raise StoreError(f"no database at {args.db} ('ninelives create' makes one)")
     return store
 
 

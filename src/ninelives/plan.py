@@ -50,7 +50,7 @@ class Plan:
 
 
 def _reject_constant(name: str) -> Any:
-    raise PlanError(f"plan is not valid JSON: {name} is not allowed")
+    raise ValueError(f"{name} is not allowed")
 
 
 def _depth(value: Any) -> int:
@@ -82,16 +82,23 @@ def _has_nul(value: Any) -> bool:
     return False
 
 
-def parse_plan(text: str | bytes) -> Plan:
-    """Parse plan JSON and check its shape (not its tools: see :func:`validate`)."""
+def parse_plan(text: str | bytes, *, name: str = "plan") -> Plan:
+    """Parse plan JSON and check its shape (not its tools: see :func:`validate`).
+    ``name`` is what its errors call it (``plan file plan.json``)."""
     if len(text) > MAX_PLAN_BYTES:
-        raise PlanError(f"plan is larger than {MAX_PLAN_BYTES} bytes")
+        raise PlanError(f"{name} is larger than {MAX_PLAN_BYTES} bytes")
+    if not text.strip():
+        raise PlanError(f"{name} is empty: a plan is a JSON object with a 'steps' list")
     try:
         raw = json.loads(text, parse_constant=_reject_constant)
     except RecursionError:
-        raise PlanError(f"plan is nested more than {MAX_DEPTH} levels deep") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise PlanError(f"plan is not valid JSON: {exc}") from None
+        raise PlanError(f"{name} is nested more than {MAX_DEPTH} levels deep") from None
+    except UnicodeDecodeError as exc:
+        raise PlanError(
+            f"{name} is not valid JSON: not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
+    except ValueError as exc:  # json.JSONDecodeError, and NaN/Infinity refused
+        raise PlanError(f"{name} is not valid JSON: {exc}") from None
     return plan_from_dict(raw)
 
 
@@ -228,7 +235,7 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
         raise PlanError(f"plan file is a directory: {shown}") from None
     except OSError as exc:
         raise PlanError(f"cannot read plan file {shown}: {exc.strerror}") from None
-    return parse_plan(data)
+    return parse_plan(data, name=f"plan file {shown}")
 
 
 def _read_plan_file(path: str) -> bytes:

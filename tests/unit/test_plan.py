@@ -69,7 +69,8 @@ def test_step_without_input_gets_an_empty_one() -> None:
 @pytest.mark.parametrize(
     ("text", "fragment"),
     [
-        (b"", "not valid JSON"),
+        (b"", "plan is empty"),
+        (b" \n", "plan is empty"),
         (b"not json", "not valid JSON"),
         (b'{"steps": NaN}', "NaN"),
         (b'{"steps": [Infinity]}', "Infinity"),

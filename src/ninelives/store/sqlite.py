@@ -47,6 +47,7 @@ from . import (
 )
 from .sqlite_files import (
     CONTRACT_TABLES,
+    cannot_write,
     check_file,
     check_same_file,
     check_sqlite_version,
@@ -56,6 +57,7 @@ from .sqlite_files import (
     resolve,
     resolved_folder,
     stored_folder,
+    unwritable,
 )
 from .sqlite_housekeeping import SQLiteHousekeepingWrites
 
@@ -131,7 +133,7 @@ class SQLiteStore(SQLiteHousekeepingWrites):
                 self.path, isolation_level=None, timeout=busy_timeout, check_same_thread=False
             )
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot open database {path}: {_describe(exc)}") from exc
+            raise self._unusable("cannot open", exc) from exc
         try:
             # The file connected to is the one checked: nothing swapped in a
             # link or another file between the checks and the connection.
@@ -139,10 +141,22 @@ class SQLiteStore(SQLiteHousekeepingWrites):
             self._configure()
         except sqlite3.Error as exc:
             self._conn.close()
-            raise StoreError(f"cannot use database {path}: {_describe(exc)}") from exc
+            raise self._unusable("cannot use", exc) from exc
         except BaseException:
             self._conn.close()
             raise
+
+    def _unusable(self, what: str, exc: sqlite3.Error) -> StoreError:
+        # SQLite says only "unable to open database file" (or "readonly
+        # database") when it cannot write beside the file: say why.
+        name, text = _error_name(exc), _describe(exc).lower()
+        if name.startswith(("SQLITE_CANTOPEN", "SQLITE_READONLY")) or any(
+            t in text for t in ("unable to open", "readonly database")
+        ):
+            why = unwritable(self.path)
+            if why is not None:
+                return cannot_write(self.url, why)
+        return StoreError(f"{what} database {self.url}: {_describe(exc)}")
 
     @staticmethod
     def _create_private(path: str) -> os.stat_result:

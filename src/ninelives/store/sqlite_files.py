@@ -113,6 +113,33 @@ def check_file(shown: str, st: os.stat_result) -> None:
         )
 
 
+def unwritable(real: str) -> str | None:
+    """Why SQLite cannot write the database at ``real`` (a real path), or None:
+    its folder is on a read-only file system or not writable (SQLite creates
+    the ``-wal`` and ``-shm`` files beside the database), or the file is not."""
+    folder = os.path.dirname(real)
+    try:
+        read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        read_only = False
+    if read_only:
+        return f"its folder {folder} is on a read-only file system"
+    if not os.access(folder, os.W_OK):
+        return f"its folder {folder} is not writable by this user"
+    if os.path.exists(real) and not os.access(real, os.W_OK):
+        return "the file is not writable by this user"
+    return None
+
+
+def cannot_write(shown: str, why: str) -> StoreError:
+    """The error for a database that this command must write but cannot."""
+    return StoreError(
+        f"cannot write database {shown}: {why} (SQLite writes {os.path.basename(shown)}-wal "
+        "and -shm beside it); commands that only read it (status, export, verify, ls) "
+        "still work"
+    )
+
+
 def identity(st: os.stat_result) -> tuple[int, int]:
     """``(st_dev, st_ino)``: which file a path names."""
     return st.st_dev, st.st_ino

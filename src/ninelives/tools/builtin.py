@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..blobs import CHUNK, Blobs
 from ..blobs import current as current_blobs
 from ..errors import PlanError, ToolError
 from ..settings import Settings
 from . import Registry, Tool, effects, files, load_tool_modules
+
+if TYPE_CHECKING:
+    from ..plan import Plan
 
 
 def _need_from(step_input: Mapping[str, Any]) -> None:
@@ -39,6 +42,17 @@ def _check_relative(path: Any) -> None:
         raise PlanError("input needs 'path', a non-empty string")
     if os.path.isabs(path) or ".." in path.replace("\\", "/").split("/"):
         raise PlanError(f"path {path!r} must stay inside the workspace (relative, no '..')")
+
+
+def missing_fetch_paths(plan: Plan, workspace: str) -> list[tuple[int, str]]:
+    """``(step, path)`` of each ``fetch`` step of ``plan`` whose file does not exist
+    beneath ``workspace`` now (``fetch`` reads it there at run time)."""
+    missing = []
+    for idx, step in enumerate(plan.steps):
+        path = step.input.get("path") if step.tool == "fetch" else None
+        if isinstance(path, str) and not os.path.exists(os.path.join(workspace, path)):
+            missing.append((idx, path))
+    return missing
 
 
 #: The largest file ``fetch`` reads into memory, its text in the output; a larger
