@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .errors import InputError, ToolError
+from .exchange import HttpStatus, ReplyTooLarge, post, redact, snippet
 
 ENGINES = ("stub", "ollama", "openai")
 DEFAULT_URLS = {"ollama": "http://127.0.0.1:11434", "openai": "http://127.0.0.1:8080/v1"}
@@ -253,6 +254,48 @@ class StubEngine:
 # -- HTTP engines -------------------------------------------------------------
 
 
+def fail(name: str, url: str, what: str, secret: str = "") -> ToolError:
+    """The one-line :class:`~ninelives.errors.ToolError` of a failed exchange with
+    the ``name`` engine at ``url``, ``secret`` (the API key) redacted."""
+    text = redact(f"{name} at {public_url(url)}: {what}", secret)
+    return ToolError(" ".join(text.split()))
+
+
+def post_json(name: str, url: str, body: Any, headers: Mapping[str, str], *, timeout: float,
+              secret: str = "") -> Any:  # fmt: skip
+    """POST ``body`` as JSON to ``url`` and decode the JSON reply: within ``timeout``
+    seconds for the whole exchange, at most :data:`MAX_REPLY_BYTES`, straight to
+    the URL (:func:`ninelives.exchange.post`). Every failure is :func:`fail`'s
+    one line naming ``name`` and the URL, ``secret`` redacted before any cut."""
+    import http.client
+
+    try:
+        data = json.dumps(body, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError, UnicodeEncodeError) as exc:
+        raise fail(name, url, f"request cannot be encoded as JSON: {exc}", secret) from None
+    try:
+        raw = post(url, data, headers, timeout=timeout, limit=MAX_REPLY_BYTES)
+    except HttpStatus as exc:
+        detail = f": {snippet(exc.body, secret, cut=exc.cut)}" if exc.body else ""
+        raise fail(name, url, f"HTTP {exc.status} {exc.reason}{detail}", secret) from None
+    except TimeoutError:
+        what = f"no reply within {timeout:g} s (NINELIVES_LLM_TIMEOUT)"
+        raise fail(name, url, what, secret) from None
+    except ReplyTooLarge as exc:
+        raise fail(name, url, str(exc), secret) from None
+    except (http.client.HTTPException, ConnectionResetError, BrokenPipeError) as exc:
+        what = f"the reply broke off: {type(exc).__name__}: {exc}"
+        raise fail(name, url, what, secret) from None
+    except OSError as exc:  # refused, unreachable, no such host
+        raise fail(name, url, f"cannot connect: {exc.strerror or exc}", secret) from None
+    except ValueError as exc:  # not http(s), a header with a line break
+        raise fail(name, url, f"the request cannot be sent: {exc}", secret) from None
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise fail(name, url, f"the reply is not JSON: {snippet(raw, secret)}", secret) from None
+
+
 class _HttpEngine:
     name = ""
     path = ""
@@ -264,56 +307,20 @@ class _HttpEngine:
         self.endpoint = config.url + self.path
 
     def _fail(self, what: str) -> ToolError:
-        text = f"{self.name} at {public_url(self.endpoint)}: {what}"
-        if self.config.api_key:
-            text = text.replace(self.config.api_key, "***")
-        return ToolError(" ".join(text.split()))
+        return fail(self.name, self.endpoint, what, self.config.api_key)
+
+    def _snip(self, value: Any) -> str:
+        return snippet(value, self.config.api_key)
 
     def _post(self, body: Mapping[str, Any]) -> tuple[Any, float]:
         """POST ``body`` as JSON; the decoded reply and the milliseconds it took."""
-        import http.client
-        import urllib.error
-        import urllib.request
-
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.config.api_key:
             headers["Authorization"] = f"Bearer {self.config.api_key}"
-        try:
-            data = json.dumps(body, ensure_ascii=False, allow_nan=False).encode("utf-8")
-        except (TypeError, ValueError, UnicodeEncodeError) as exc:
-            raise self._fail(f"request cannot be encoded as JSON: {exc}") from None
-        request = urllib.request.Request(self.endpoint, data=data, headers=headers, method="POST")
-        # No proxy from the environment and no redirects: the prompt and the key
-        # go to the configured URL and nowhere else.
-        opener = _opener()
-        timeout = self.config.timeout
         started = time.perf_counter()
-        deadline = time.monotonic() + timeout
-        try:
-            with opener.open(request, timeout=timeout) as response:
-                raw = _read_until(response, deadline, MAX_REPLY_BYTES)
-        except urllib.error.HTTPError as exc:
-            detail = _error_detail(exc)
-            raise self._fail(f"HTTP {exc.code} {exc.reason}{detail}") from None
-        except TimeoutError:
-            raise self._fail(f"no reply within {timeout:g} s (NINELIVES_LLM_TIMEOUT)") from None
-        except urllib.error.URLError as exc:
-            reason = exc.reason
-            if isinstance(reason, TimeoutError):
-                raise self._fail(f"no reply within {timeout:g} s (NINELIVES_LLM_TIMEOUT)") from None
-            text = getattr(reason, "strerror", None) or str(reason)
-            raise self._fail(f"cannot connect: {text}") from None
-        except (http.client.HTTPException, ConnectionError) as exc:
-            raise self._fail(f"the reply broke off: {type(exc).__name__}: {exc}") from None
-        except OSError as exc:
-            raise self._fail(f"{exc.strerror or exc}") from None
-        ms = round((time.perf_counter() - started) * 1000, 3)
-        try:
-            return json.loads(raw), ms
-        except (ValueError, UnicodeDecodeError):
-            raise self._fail(f"the reply is not JSON: {_snippet(raw)}") from None
-        except RecursionError:
-            raise self._fail("the reply is nested too deeply to decode") from None
+        reply = post_json(self.name, self.endpoint, body, headers,
+                          timeout=self.config.timeout, secret=self.config.api_key)  # fmt: skip
+        return reply, round((time.perf_counter() - started) * 1000, 3)
 
     def _calls(self, raw: Any) -> tuple[ToolCall, ...]:
         """The tool calls of a reply's message, in both wire formats: OpenAI sends
@@ -357,7 +364,7 @@ class OllamaEngine(_HttpEngine):
         reply, ms = self._post(body)
         message = reply.get("message") if isinstance(reply, dict) else None
         if not isinstance(message, dict):
-            raise self._fail(f"the reply has no 'message' object: {_snippet(reply)}")
+            raise self._fail(f"the reply has no 'message' object: {self._snip(reply)}")
         text = message.get("content") or ""
         if not isinstance(text, str):
             raise self._fail("the reply's message content is not text")
@@ -390,7 +397,7 @@ class OpenAIEngine(_HttpEngine):
         reply, ms = self._post(body)
         choices = reply.get("choices") if isinstance(reply, dict) else None
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            raise self._fail(f"the reply has no 'choices': {_snippet(reply)}")
+            raise self._fail(f"the reply has no 'choices': {self._snip(reply)}")
         message = choices[0].get("message")
         if not isinstance(message, dict):
             raise self._fail("the reply's first choice has no 'message' object")
@@ -471,49 +478,3 @@ def _call(call_id: str, name: str, arguments: Any, problem: str = "") -> ToolCal
     if not isinstance(arguments, dict):
         arguments = {"_arguments": arguments}
     return ToolCall(id=call_id, name=name, arguments=arguments, problem=problem)
-
-
-def _snippet(value: Any, limit: int = 120) -> str:
-    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else repr(value)
-    text = " ".join(text.split())
-    return text[:limit] + ("…" if len(text) > limit else "")
-
-
-def _error_detail(exc: Any) -> str:
-    try:
-        body = exc.read(2048)
-    except Exception:  # the body is a courtesy; the status is the error
-        return ""
-    return f": {_snippet(body)}" if body else ""
-
-
-def _read_until(response: Any, deadline: float, limit: int) -> bytes:
-    """The whole body, refusing one that trickles past the deadline or grows past ``limit``."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        if time.monotonic() > deadline:
-            raise TimeoutError
-        chunk = response.read1(1 << 16) if hasattr(response, "read1") else response.read(1 << 16)
-        if not chunk:
-            missing = getattr(response, "length", None)
-            if missing:  # the server promised more bytes than it sent
-                import http.client
-
-                raise http.client.IncompleteRead(b"".join(chunks), missing)
-            return b"".join(chunks)
-        size += len(chunk)
-        if size > limit:
-            raise OSError(f"the reply is larger than {limit} bytes")
-        chunks.append(chunk)
-
-
-def _opener() -> Any:
-    """A urllib opener that ignores proxy settings and follows no redirect."""
-    import urllib.request
-
-    class NoRedirect(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, *args: Any) -> None:
-            return None  # urllib then raises HTTPError with the 3xx status
-
-    return urllib.request.build_opener(urllib.request.ProxyHandler({}), NoRedirect())

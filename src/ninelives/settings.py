@@ -44,6 +44,9 @@ class Settings(NamedTuple):
     #: Largest file ``fetch`` reads; one over ``MAX_FETCH_BYTES`` is streamed to
     #: the blob store instead of held in memory (``NINELIVES_MAX_FETCH``).
     max_fetch: int = 1 << 30
+    #: Seconds for a whole exchange with a model server, ``summarize``'s Ollama
+    #: path as the engines' (``NINELIVES_LLM_TIMEOUT``; :mod:`ninelives.llm`).
+    llm_timeout: float = 120.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -82,6 +85,9 @@ class Settings(NamedTuple):
                 env, "NINELIVES_BLOB_THRESHOLD", 64 * 1024, int, minimum=0, maximum=1 << 40
             ),
             max_fetch=_number(env, "NINELIVES_MAX_FETCH", 1 << 30, int, minimum=1, maximum=1 << 40),
+            llm_timeout=_number(
+                env, "NINELIVES_LLM_TIMEOUT", 120.0, float, minimum=0.1, maximum=86400
+            ),
         )
 
 

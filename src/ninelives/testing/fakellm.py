@@ -9,7 +9,15 @@ test suite proves each format faithful by driving the fake with the official
 A turn is a :class:`Turn` (text and tool calls, rendered in the asked format)
 or a fault: ``"hang"`` (never answers), ``"garbage"`` (200 with a body that
 is not JSON), ``"http500"``, ``"die"`` (headers promise a body that breaks off),
-``"wrong_shape"`` (JSON without the expected fields). When the script is used
+``"wrong_shape"`` (JSON without the expected fields), and hostile ones:
+``"echo_key"`` (401 whose body echoes the ``Authorization`` header about 100
+characters in, as some gateways do), ``"echo_key_cut"`` (500 whose body puts
+it across the 2048th byte, behind whitespace), ``"trickle"`` (the status line
+and headers one byte a second, for up to ``hang_seconds``) and ``"huge"`` (a
+200 reply of :data:`HUGE_BYTES` with no ``Content-Length``, the bytes it
+sent counted in ``sent``).
+``POST /api/generate`` (``summarize``'s Ollama path) answers ``{"response":
+text}`` from the same script. When the script is used
 up, the last turn repeats. With ``by_turn=True`` the script is indexed by the
 number of assistant messages in the request instead of by arrival, so a
 conversation asked again (after a kill) gets the same answer again, as a
@@ -27,7 +35,12 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-FAULTS = ("hang", "garbage", "http500", "die", "wrong_shape")
+FAULTS = (
+    "hang", "garbage", "http500", "die", "wrong_shape", "echo_key", "echo_key_cut", "trickle",
+    "huge",
+)  # fmt: skip
+#: The size of a ``"huge"`` reply: far over any client's cap.
+HUGE_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -61,6 +74,8 @@ class FakeModelServer:
     requests: list[Request] = field(default_factory=list)
     hang_seconds: float = 30.0
     by_turn: bool = False
+    #: Bytes of ``"huge"`` replies the client took before it hung up.
+    sent: int = 0
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -129,6 +144,8 @@ class FakeModelServer:
                     render = _ollama_reply
                 elif self.path == "/v1/chat/completions":
                     render = _openai_reply
+                elif self.path == "/api/generate":
+                    render = _generate_reply
                 else:
                     self._send(404, b'{"error": "not found"}')
                     return
@@ -150,11 +167,55 @@ class FakeModelServer:
                     self.close_connection = True
                 elif turn == "wrong_shape":
                     self._send(200, b'{"result": "no message here"}')
+                elif turn in ("echo_key", "echo_key_cut", "trickle", "huge"):
+                    getattr(self, f"_{turn}")()
                 elif isinstance(turn, Turn):
                     model = body.get("model", "") if isinstance(body, dict) else ""
                     self._send(200, _raw_arguments(json.dumps(render(turn, model))).encode())
                 else:  # pragma: no cover - a typo in a test's script
                     raise ValueError(f"unknown scripted turn {turn!r}")
+
+            def _echo_key(self) -> None:
+                said = self.headers.get("Authorization", "")
+                lead = '{"error": {"type": "invalid_request_error", "message": "Incorrect '
+                lead += "API key provided: "
+                self._send(401, f'{lead}{said!r}; check it."}}}}'.encode())
+
+            def _echo_key_cut(self) -> None:
+                said = self.headers.get("Authorization", "").encode()
+                lead = b"upstream said:"
+                pad = b" " * (2048 - len(lead) - len(b"Bearer ") - 10)  # 10 bytes of the key fit
+                self._send(500, lead + pad + said + b" was refused")
+
+            def _trickle(self) -> None:
+                started = time.monotonic()
+                head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Pad: "
+                try:
+                    for n in range(10_000):
+                        if time.monotonic() - started > fake.hang_seconds:
+                            break
+                        self.wfile.write(head[n : n + 1] or b"a")
+                        self.wfile.flush()
+                        if fake._released.wait(1.0):
+                            break
+                except OSError:  # the client gave up: what this fault is for
+                    pass
+                self.close_connection = True
+
+            def _huge(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Connection", "close")  # no length: a reader must count
+                self.end_headers()
+                chunk = b" " * (1 << 20)
+                try:
+                    for _ in range(HUGE_BYTES // len(chunk)):
+                        self.wfile.write(chunk)
+                        with fake._lock:
+                            fake.sent += len(chunk)
+                except OSError:  # the client hung up, as it should
+                    pass
+                self.close_connection = True
 
             def _send(self, status: int, payload: bytes) -> None:
                 self.send_response(status)
@@ -210,6 +271,10 @@ def _ollama_reply(turn: Turn, model: str) -> dict[str, Any]:
         "eval_count": turn.output_tokens,
         "eval_duration": 1000,
     }
+
+
+def _generate_reply(turn: Turn, model: str) -> dict[str, Any]:
+    return {"model": model, "response": turn.text, "done": True}
 
 
 def _openai_reply(turn: Turn, model: str) -> dict[str, Any]:

@@ -207,27 +207,19 @@ def stub_summary(text: str) -> str:
 
 
 def _ollama_summary(settings: Settings, text: str) -> str:
-    import json
-    import urllib.error
-    import urllib.request
+    """Ollama's ``/api/generate``, bounded like the model engines: the whole
+    exchange within ``NINELIVES_LLM_TIMEOUT``, a reply of at most
+    :data:`ninelives.llm.MAX_REPLY_BYTES`, no proxy, no redirect."""
+    from ..llm import post_json
 
-    body = json.dumps(
-        {
-            "model": settings.ollama_model,
-            "prompt": "Summarize the following notes in exactly three short lines.\n\n" + text,
-            "stream": False,
-        }
-    ).encode()
-    request = urllib.request.Request(
-        settings.ollama_url.rstrip("/") + "/api/generate",
-        data=body,
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=300) as response:
-            reply = json.load(response)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise ToolError(f"ollama at {settings.ollama_url}: {exc}") from None
+    body = {
+        "model": settings.ollama_model,
+        "prompt": "Summarize the following notes in exactly three short lines.\n\n" + text,
+        "stream": False,
+    }
+    url = settings.ollama_url.rstrip("/") + "/api/generate"
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    reply = post_json("ollama", url, body, headers, timeout=settings.llm_timeout)
     summary = reply.get("response") if isinstance(reply, dict) else None
     if not isinstance(summary, str):
         raise ToolError("ollama reply has no 'response' text")
