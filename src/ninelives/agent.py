@@ -110,9 +110,15 @@ def check_spec_tools(spec: AgentSpec, lookup: Callable[[str], Any]) -> None:
             )
 
 
-def first_turn(spec: AgentSpec, goal: str, static_steps: int) -> dict[str, Any]:
-    """The input of the first turn, which follows ``static_steps`` static steps."""
-    return {
+def first_turn(
+    spec: AgentSpec, goal: str, static_steps: int, defaults: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The input of the first turn, which follows ``static_steps`` static steps.
+
+    ``defaults``, the plan's, are kept in it as ``policy``: every step its calls
+    append gets them, and every turn those of them that apply to a turn
+    (:func:`turn_policy`)."""
+    turn: dict[str, Any] = {
         "turn": 0,
         "goal": goal,
         "context": list(range(static_steps)),
@@ -125,6 +131,25 @@ def first_turn(spec: AgentSpec, goal: str, static_steps: int) -> dict[str, Any]:
         "model": spec.model,
         "engine": spec.engine,
     }
+    if defaults:
+        turn["policy"] = dict(defaults)
+    return turn
+
+
+def call_policy(turn: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The policy of each step a turn's calls append: the plan's ``defaults``, which
+    the tool's own ``on_unknown`` gives way to as it does in a planned step."""
+    policy = turn.get("policy")
+    return dict(policy) if isinstance(policy, Mapping) and policy else None
+
+
+def turn_policy(turn: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The policy of a turn itself: the plan's ``defaults`` but ``on_unknown``. A
+    turn's only effect is the model call, which a kill between its commits asks
+    again (at most one call paid twice); blocking the task instead would leave
+    ``resolve --done`` a reply without the steps it asks for."""
+    policy = {k: v for k, v in (call_policy(turn) or {}).items() if k != "on_unknown"}
+    return policy or None
 
 
 # -- one turn -----------------------------------------------------------------
@@ -310,10 +335,10 @@ def run_turn(
 @dataclass(frozen=True, kw_only=True)
 class Continuation:
     """What committing a turn does besides marking it done: the steps it appends
-    (``(tool, input)`` in index order, the next turn last), or the reason the task
+    (``(tool, input, policy)`` in index order, the next turn last), or the reason the task
     fails, or neither (the reply was the answer: the task is done)."""
 
-    append: tuple[tuple[str, dict[str, Any]], ...] = ()
+    append: tuple[tuple[str, dict[str, Any], dict[str, Any] | None], ...] = ()
     fail: str | None = None
 
     @property
@@ -340,11 +365,12 @@ def after_turn(idx: int, turn: Mapping[str, Any], output: Mapping[str, Any]) -> 
         return Continuation(
             fail=f"agent asked for {calls_so_far} tool calls, more than max_calls ({max_calls})"
         )
-    steps = [(str(c["name"]), dict(c["arguments"])) for c in valid]
+    policy = call_policy(turn)
+    steps = [(str(c["name"]), dict(c["arguments"]), policy) for c in valid]
     following = {
         **turn,
         "turn": number + 1,
         "history": [*turn.get("history", []), idx],
         "calls_so_far": calls_so_far,
     }
-    return Continuation(append=(*steps, (AGENT_TOOL, following)))
+    return Continuation(append=(*steps, (AGENT_TOOL, following, turn_policy(turn))))

@@ -177,12 +177,16 @@ def appended_turns(rows: Iterable[tuple[int | None, str | None]]) -> dict[int, i
 
 
 def appended_digest(
-    stored: str | None, start: int, append: Iterable[tuple[str, str]]
+    stored: str | None, start: int, append: Iterable[tuple[str, str] | tuple[str, str, str | None]]
 ) -> str | None:
-    """A task's digest once ``append`` (``(tool, input JSON)``, no policy) is added at
-    ``start``; None when the task has none (older versions)."""
+    """A task's digest once ``append`` (``(tool, input JSON[, policy JSON or None])``)
+    is added at ``start``; None when the task has none (older versions)."""
     import json
 
     if stored is None:
         return None
-    return extend_digest(stored, start, ((tool, json.loads(given), None) for tool, given in append))
+    steps = (
+        (new[0], json.loads(new[1]), json.loads(new[2]) if len(new) == 3 and new[2] else None)
+        for new in append
+    )
+    return extend_digest(stored, start, steps)

@@ -537,7 +537,10 @@ class Runtime:
         else:
             self.store.finish_step(
                 run, step.idx, step.tool, encoded, last=follow.final, fail=follow.fail,
-                append=[(tool, dumps(given)) for tool, given in follow.append],
+                append=[
+                    (tool, dumps(given), dumps(policy) if policy else None)
+                    for tool, given, policy in follow.append
+                ],
             )  # fmt: skip
         crashpoints.crash("after_commit", step.idx)
         if self._log is not None:
@@ -736,8 +739,9 @@ def _appended(task_id: str, after: int, follow: Continuation) -> list[Step]:
             status=StepStatus.PENDING,
             output=None,
             attempts=0,
+            policy=policy,
         )
-        for idx, (tool, given) in enumerate(follow.append, start=after + 1)
+        for idx, (tool, given, policy) in enumerate(follow.append, start=after + 1)
     ]
 
 

@@ -188,7 +188,7 @@ class Store(Protocol):
         output: str,
         *,
         last: bool,
-        append: Sequence[tuple[str, str]] = (),
+        append: Sequence[Appended] = (),
         fail: str | None = None,
     ) -> None:
         """Commit step ``idx`` ``done`` with ``output`` (JSON text) and ``step_finished``.
@@ -198,8 +198,8 @@ class Store(Protocol):
         as ``blob``. Reads of the step give the blob's content, checked.
 
         With ``last``, the same transaction marks the task ``done`` and journals
-        ``task_done``. ``append`` adds steps ``(tool, input JSON)`` as
-        ``idx + 1, idx + 2, ...``, each ``pending`` with a ``step_appended``
+        ``task_done``. ``append`` adds steps ``(tool, input JSON[, policy
+        JSON or None])`` as ``idx + 1, idx + 2, ...``, each ``pending`` with a ``step_appended``
         naming ``idx`` (an agent's turn and the calls it asked for); a step
         already at one of those indexes is a :class:`StoreError` and nothing
         is written. With ``fail``, the task is marked ``failed`` with
@@ -455,6 +455,20 @@ class MissingStore:
 
     def close(self) -> None:
         pass
+
+
+#: A step an agent's turn appends: ``(tool, input JSON)`` or ``(tool, input JSON,
+#: policy JSON or None)``; the policy is chained into the plan's digest like a planned one.
+Appended = tuple[str, str] | tuple[str, str, str | None]
+
+
+def appended_rows(task_id: str, start: int, append: Sequence[Appended]) -> list[dict[str, Any]]:
+    """The ``insert_step`` parameters of the steps a turn appends at ``start`` on."""
+    return [
+        {"id": task_id, "idx": idx, "tool": new[0], "input": new[1],
+         "policy": new[2] if len(new) == 3 else None}
+        for idx, new in enumerate(append, start=start)
+    ]  # fmt: skip
 
 
 def step_rows(task_id: str, plan: Plan) -> list[dict[str, Any]]:

@@ -53,6 +53,7 @@ from ..models import APPROVAL_TOOL, Event, EventKind, Run, Step, StepStatus, Tas
 from ..plan import Plan
 from . import (
     DEFAULT_LEASE,
+    Appended,
     Decision,
     fencing_disabled,
     heartbeat_disabled,
@@ -453,7 +454,7 @@ class PostgresStore(PostgresHousekeeping):
         output: str,
         *,
         last: bool,
-        append: Sequence[tuple[str, str]] = (),
+        append: Sequence[Appended] = (),
         fail: str | None = None,
     ) -> None:
         postgres_steps.finish_step(

@@ -24,7 +24,7 @@ from ..errors import StoreError
 from ..journal import dumps
 from ..models import EventKind, Run, TaskStatus
 from ..policy import error_data, failure_reason
-from . import StepNotDue, finished_data
+from . import Appended, StepNotDue, appended_rows, finished_data
 from .postgres_session import Q, around_attempt, not_running
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def finish_step(
     output: str,
     *,
     last: bool,
-    append: Sequence[tuple[str, str]] = (),
+    append: Sequence[Appended] = (),
     fail: str | None = None,
 ) -> None:
     """See :meth:`ninelives.store.Store.finish_step`: one statement unless the step
@@ -116,20 +116,11 @@ def finish_step(
                 conn, run.task_id, run.run_id, EventKind.STEP_FINISHED, idx,
                 finished_data(tool, output),
             )  # fmt: skip
-            for new_idx, (new_tool, new_input) in enumerate(append, start=idx + 1):
-                conn.execute(
-                    Q["insert_step"],
-                    {
-                        "id": run.task_id,
-                        "idx": new_idx,
-                        "tool": new_tool,
-                        "input": new_input,
-                        "policy": None,
-                    },
-                )
+            for row in appended_rows(run.task_id, idx + 1, append):
+                conn.execute(Q["insert_step"], row)
                 store._event(
-                    conn, run.task_id, run.run_id, EventKind.STEP_APPENDED, new_idx,
-                    {"tool": new_tool, "by": idx},
+                    conn, run.task_id, run.run_id, EventKind.STEP_APPENDED, row["idx"],
+                    {"tool": row["tool"], "by": idx},
                 )  # fmt: skip
             if append:
                 from .postgres_lineage import extend_plan

@@ -34,8 +34,10 @@ from ..locking import TaskLock, is_held, lock_folder, lock_path
 from ..models import APPROVAL_TOOL, Event, EventKind, Run, Step, StepStatus, Task, TaskStatus
 from ..policy import error_data, failure_reason
 from . import (
+    Appended,
     Decision,
     StepNotDue,
+    appended_rows,
     fencing_disabled,
     finished_data,
     recovery_limit_reason,
@@ -666,7 +668,7 @@ class SQLiteStore(SQLiteHousekeepingWrites):
         output: str,
         *,
         last: bool,
-        append: Sequence[tuple[str, str]] = (),
+        append: Sequence[Appended] = (),
         fail: str | None = None,
     ) -> None:
         now = time.time()
@@ -680,26 +682,17 @@ class SQLiteStore(SQLiteHousekeepingWrites):
                 conn, run.task_id, run.run_id, EventKind.STEP_FINISHED, idx,
                 finished_data(tool, output), now,
             )  # fmt: skip
-            for new_idx, (new_tool, new_input) in enumerate(append, start=idx + 1):
+            for row in appended_rows(run.task_id, idx + 1, append):
                 try:
-                    conn.execute(
-                        Q["insert_step"],
-                        {
-                            "id": run.task_id,
-                            "idx": new_idx,
-                            "tool": new_tool,
-                            "input": new_input,
-                            "policy": None,
-                        },
-                    )
+                    conn.execute(Q["insert_step"], row)
                 except sqlite3.IntegrityError as exc:
                     raise StoreError(
-                        f"task {run.task_id!r} already has a step {new_idx}: steps are only "
+                        f"task {run.task_id!r} already has a step {row['idx']}: steps are only "
                         "appended at the end"
                     ) from exc
                 self._event(
-                    conn, run.task_id, run.run_id, EventKind.STEP_APPENDED, new_idx,
-                    {"tool": new_tool, "by": idx}, now,
+                    conn, run.task_id, run.run_id, EventKind.STEP_APPENDED, row["idx"],
+                    {"tool": row["tool"], "by": idx}, now,
                 )  # fmt: skip
             if append:
                 from .sqlite_lineage import extend_plan

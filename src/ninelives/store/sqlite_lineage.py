@@ -16,7 +16,7 @@ from .. import lineage
 from ..errors import LeaseLost, StoreError, TaskCancelled
 from ..journal import dumps
 from ..models import EventKind, Run, Task
-from . import task_exists
+from . import Appended, task_exists
 
 if TYPE_CHECKING:
     from .sqlite import SQLiteStore
@@ -152,7 +152,7 @@ def settle_error(store: SQLiteStore, run: Run, idx: int, error: str) -> None:
 
 
 def extend_plan(
-    conn: sqlite3.Connection, task_id: str, start: int, append: Sequence[tuple[str, str]]
+    conn: sqlite3.Connection, task_id: str, start: int, append: Sequence[Appended]
 ) -> None:
     """In a turn's commit: carry the task's plan digest over the steps it appends."""
     row = conn.execute(Q["plan_sha256"], {"id": task_id}).fetchone()
