@@ -29,10 +29,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import PlanError, ToolError
 from .models import AGENT_TOOL, MAX_DEPTH, nested_deeper
+
+if TYPE_CHECKING:
+    from .models import Task
 
 #: How deep a call's arguments may nest: they sit three levels into the turn's
 #: output (``tool_calls``, the call, ``arguments``), which nests at most MAX_DEPTH.
@@ -374,3 +377,41 @@ def after_turn(idx: int, turn: Mapping[str, Any], output: Mapping[str, Any]) -> 
         "calls_so_far": calls_so_far,
     }
     return Continuation(append=(*steps, (AGENT_TOOL, following, turn_policy(turn))))
+
+
+def regrant(task: Task) -> tuple[int, list[tuple[str, str, str | None]], dict[str, Any]] | None:
+    """What ``retry`` appends to an agent task that ``max_turns`` or ``max_calls``
+    failed: the calls its last turn asked for and the next turn, as that turn's
+    commit would have, under the agent's budget granted again from there (as
+    many turns and calls as the plan gave it); with the ``task_retried`` data.
+    None for any other task (a failed step is retried as usual)."""
+    from .journal import dumps
+    from .models import StepStatus, TaskStatus
+
+    if task.status is not TaskStatus.FAILED or not task.steps:
+        return None
+    last = task.steps[-1]
+    if last.tool != AGENT_TOOL or last.status is not StepStatus.DONE or last.output is None:
+        return None
+    if any(s.status is StepStatus.FAILED for s in task.steps):
+        return None
+    first = next(s for s in task.steps if s.tool == AGENT_TOOL).input
+    turn = dict(last.input)
+    asked = [c for c in last.output.get("tool_calls") or [] if c.get("step") is not None]
+    turn["max_turns"] = (
+        int(turn.get("turn", 0)) + 1 + int(first.get("max_turns", DEFAULT_MAX_TURNS))
+    )
+    turn["max_calls"] = (
+        int(turn.get("calls_so_far", 0))
+        + len(asked)
+        + int(first.get("max_calls", DEFAULT_MAX_CALLS))
+    )
+    follow = after_turn(last.idx, turn, last.output)
+    if follow.final:
+        return None
+    append = [
+        (tool, dumps(given), dumps(policy) if policy else None)
+        for tool, given, policy in follow.append
+    ]
+    data = {"after": last.idx, "max_turns": turn["max_turns"], "max_calls": turn["max_calls"]}
+    return last.idx, append, data

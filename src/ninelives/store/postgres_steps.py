@@ -25,7 +25,7 @@ from ..journal import dumps
 from ..models import EventKind, Run, TaskStatus
 from ..policy import error_data, failure_reason
 from . import Appended, StepNotDue, appended_rows, finished_data
-from .postgres_session import Q, around_attempt, not_running
+from .postgres_session import Conn, Q, around_attempt, not_running
 
 if TYPE_CHECKING:
     from .postgres import PostgresStore
@@ -116,16 +116,7 @@ def finish_step(
                 conn, run.task_id, run.run_id, EventKind.STEP_FINISHED, idx,
                 finished_data(tool, output),
             )  # fmt: skip
-            for row in appended_rows(run.task_id, idx + 1, append):
-                conn.execute(Q["insert_step"], row)
-                store._event(
-                    conn, run.task_id, run.run_id, EventKind.STEP_APPENDED, row["idx"],
-                    {"tool": row["tool"], "by": idx},
-                )  # fmt: skip
-            if append:
-                from .postgres_lineage import extend_plan
-
-                extend_plan(store, conn, run.task_id, idx + 1, append)
+            append_steps(store, conn, run.task_id, run.run_id, idx, append)
             if fail:
                 store._event(
                     conn, run.task_id, run.run_id, EventKind.TASK_FAILED, None, {"reason": fail}
@@ -207,3 +198,24 @@ def finish_task(store: PostgresStore, run: Run) -> None:
         store._fence(conn, run, TaskStatus.DONE)
         store._event(conn, run.task_id, run.run_id, EventKind.TASK_DONE)
     store._after_commit(run, sent)
+
+
+def append_steps(
+    store: PostgresStore,
+    conn: Conn,
+    task_id: str,
+    run_id: str,
+    by: int,
+    append: Sequence[Appended],
+) -> None:
+    """Insert the steps turn ``by`` appends after it, journaled, the digest carried over."""
+    from .postgres_lineage import extend_plan
+
+    for row in appended_rows(task_id, by + 1, append):
+        conn.execute(Q["insert_step"], row)
+        store._event(
+            conn, task_id, run_id, EventKind.STEP_APPENDED, row["idx"],
+            {"tool": row["tool"], "by": by},
+        )  # fmt: skip
+    if append:
+        extend_plan(store, conn, task_id, by + 1, append)
