@@ -29,10 +29,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import PlanError, ToolError
 from .models import AGENT_TOOL, MAX_DEPTH, nested_deeper
+
+if TYPE_CHECKING:
+    from .models import Task
 
 #: How deep a call's arguments may nest: they sit three levels into the turn's
 #: output (``tool_calls``, the call, ``arguments``), which nests at most MAX_DEPTH.
@@ -110,9 +113,15 @@ def check_spec_tools(spec: AgentSpec, lookup: Callable[[str], Any]) -> None:
             )
 
 
-def first_turn(spec: AgentSpec, goal: str, static_steps: int) -> dict[str, Any]:
-    """The input of the first turn, which follows ``static_steps`` static steps."""
-    return {
+def first_turn(
+    spec: AgentSpec, goal: str, static_steps: int, defaults: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The input of the first turn, which follows ``static_steps`` static steps.
+
+    ``defaults``, the plan's, are kept in it as ``policy``: every step its calls
+    append gets them, and every turn those of them that apply to a turn
+    (:func:`turn_policy`)."""
+    turn: dict[str, Any] = {
         "turn": 0,
         "goal": goal,
         "context": list(range(static_steps)),
@@ -125,6 +134,25 @@ def first_turn(spec: AgentSpec, goal: str, static_steps: int) -> dict[str, Any]:
         "model": spec.model,
         "engine": spec.engine,
     }
+    if defaults:
+        turn["policy"] = dict(defaults)
+    return turn
+
+
+def call_policy(turn: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The policy of each step a turn's calls append: the plan's ``defaults``, which
+    the tool's own ``on_unknown`` gives way to as it does in a planned step."""
+    policy = turn.get("policy")
+    return dict(policy) if isinstance(policy, Mapping) and policy else None
+
+
+def turn_policy(turn: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The policy of a turn itself: the plan's ``defaults`` but ``on_unknown``. A
+    turn's only effect is the model call, which a kill between its commits asks
+    again (at most one call paid twice); blocking the task instead would leave
+    ``resolve --done`` a reply without the steps it asks for."""
+    policy = {k: v for k, v in (call_policy(turn) or {}).items() if k != "on_unknown"}
+    return policy or None
 
 
 # -- one turn -----------------------------------------------------------------
@@ -310,10 +338,10 @@ def run_turn(
 @dataclass(frozen=True, kw_only=True)
 class Continuation:
     """What committing a turn does besides marking it done: the steps it appends
-    (``(tool, input)`` in index order, the next turn last), or the reason the task
+    (``(tool, input, policy)`` in index order, the next turn last), or the reason the task
     fails, or neither (the reply was the answer: the task is done)."""
 
-    append: tuple[tuple[str, dict[str, Any]], ...] = ()
+    append: tuple[tuple[str, dict[str, Any], dict[str, Any] | None], ...] = ()
     fail: str | None = None
 
     @property
@@ -340,11 +368,50 @@ def after_turn(idx: int, turn: Mapping[str, Any], output: Mapping[str, Any]) -> 
         return Continuation(
             fail=f"agent asked for {calls_so_far} tool calls, more than max_calls ({max_calls})"
         )
-    steps = [(str(c["name"]), dict(c["arguments"])) for c in valid]
+    policy = call_policy(turn)
+    steps = [(str(c["name"]), dict(c["arguments"]), policy) for c in valid]
     following = {
         **turn,
         "turn": number + 1,
         "history": [*turn.get("history", []), idx],
         "calls_so_far": calls_so_far,
     }
-    return Continuation(append=(*steps, (AGENT_TOOL, following)))
+    return Continuation(append=(*steps, (AGENT_TOOL, following, turn_policy(turn))))
+
+
+def regrant(task: Task) -> tuple[int, list[tuple[str, str, str | None]], dict[str, Any]] | None:
+    """What ``retry`` appends to an agent task that ``max_turns`` or ``max_calls``
+    failed: the calls its last turn asked for and the next turn, as that turn's
+    commit would have, under the agent's budget granted again from there (as
+    many turns and calls as the plan gave it); with the ``task_retried`` data.
+    None for any other task (a failed step is retried as usual)."""
+    from .journal import dumps
+    from .models import StepStatus, TaskStatus
+
+    if task.status is not TaskStatus.FAILED or not task.steps:
+        return None
+    last = task.steps[-1]
+    if last.tool != AGENT_TOOL or last.status is not StepStatus.DONE or last.output is None:
+        return None
+    if any(s.status is StepStatus.FAILED for s in task.steps):
+        return None
+    first = next(s for s in task.steps if s.tool == AGENT_TOOL).input
+    turn = dict(last.input)
+    asked = [c for c in last.output.get("tool_calls") or [] if c.get("step") is not None]
+    turn["max_turns"] = (
+        int(turn.get("turn", 0)) + 1 + int(first.get("max_turns", DEFAULT_MAX_TURNS))
+    )
+    turn["max_calls"] = (
+        int(turn.get("calls_so_far", 0))
+        + len(asked)
+        + int(first.get("max_calls", DEFAULT_MAX_CALLS))
+    )
+    follow = after_turn(last.idx, turn, last.output)
+    if follow.final:
+        return None
+    append = [
+        (tool, dumps(given), dumps(policy) if policy else None)
+        for tool, given, policy in follow.append
+    ]
+    data = {"after": last.idx, "max_turns": turn["max_turns"], "max_calls": turn["max_calls"]}
+    return last.idx, append, data

@@ -177,17 +177,16 @@ def appended_turns(rows: Iterable[tuple[int | None, str | None]]) -> dict[int, i
 
 
 def appended_digest(
-    stored: str | None,
-    start: int,
-    append: Iterable[tuple[str, str]],
-    policy: str | None = None,
+    stored: str | None, start: int, append: Iterable[tuple[str, str] | tuple[str, str, str | None]]
 ) -> str | None:
-    """A task's digest once ``append`` (``(tool, input JSON)``) is added at ``start``,
-    each with ``policy`` (JSON; an agent's calls have none, a workflow's one step
-    its own); None when the task has none (older versions)."""
+    """A task's digest once ``append`` (``(tool, input JSON[, policy JSON or None])``)
+    is added at ``start``; None when the task has none (older versions)."""
     import json
 
     if stored is None:
         return None
-    rule = json.loads(policy) if policy is not None else None
-    return extend_digest(stored, start, ((tool, json.loads(given), rule) for tool, given in append))
+    steps = (
+        (new[0], json.loads(new[1]), json.loads(new[2]) if len(new) == 3 and new[2] else None)
+        for new in append
+    )
+    return extend_digest(stored, start, steps)

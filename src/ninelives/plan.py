@@ -155,12 +155,13 @@ def plan_from_dict(raw: Any) -> Plan:
         policy = {**defaults, **own}
         specs.append(StepSpec(tool=tool, input=step_input, policy=policy or None))
     if agent is not None:
-        from .agent import first_turn
+        from .agent import first_turn, turn_policy
         from .models import AGENT_TOOL
 
         # The first model turn follows the static steps; later turns and the
-        # calls they ask for are appended as the agent runs.
-        specs.append(StepSpec(tool=AGENT_TOOL, input=first_turn(agent, goal, len(specs))))
+        # calls they ask for are appended as the agent runs, under the defaults.
+        turn = first_turn(agent, goal, len(specs), defaults)
+        specs.append(StepSpec(tool=AGENT_TOOL, input=turn, policy=turn_policy(turn)))
     return Plan(goal=goal, steps=tuple(specs), agent=agent)
 
 
@@ -292,9 +293,16 @@ def validate(plan: Plan, lookup: Callable[[str], Any]) -> None:
     :class:`PlanError` for an unknown name.
     """
     if plan.agent is not None:
-        from .agent import check_spec_tools
+        from .agent import call_policy, check_spec_tools
 
         check_spec_tools(plan.agent, lookup)
+        mode = (call_policy(plan.steps[-1].input) or {}).get("on_unknown")
+        for name in plan.agent.tools if mode == "probe" else ():
+            if getattr(lookup(name), "probe", None) is None:
+                raise PlanError(
+                    f"agent tool {name!r}: the plan's defaults say on_unknown 'probe', and "
+                    f"{name!r} has no probe (use 'rerun' or 'refuse')"
+                )
     for idx, step in enumerate(plan.steps):
         tool = lookup(step.tool)
         mode = (step.policy or {}).get("on_unknown")

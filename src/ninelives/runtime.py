@@ -277,11 +277,17 @@ class Runtime:
         Its failed step goes back to ``pending`` with its attempts reset to 0,
         journaled as ``task_retried`` in the same transaction; done steps keep
         their outputs and are not run again. With ``step``, that must be the
-        failed step (a guard for scripts). Raises :class:`UnknownTask`,
+        failed step (a guard for scripts). An agent task that ``max_turns`` or
+        ``max_calls`` failed has no failed step: its retry appends what its last
+        turn asked for and the next turn, under a budget granted again
+        (:func:`ninelives.agent.regrant`), journaled in the same transaction.
+        Raises :class:`UnknownTask`,
         :class:`~ninelives.errors.TaskBusy` while a live runner holds the task,
         and :class:`~ninelives.errors.InputError` if it is not failed.
         """
-        return self.store.retry_task(task_id, new_run_id(), step=step)
+        from .agent import regrant
+
+        return self.store.retry_task(task_id, new_run_id(), step=step, grant=regrant)
 
     def status(self, task_id: str) -> Task:
         """The task, its steps and their statuses; :class:`UnknownTask` if absent."""
@@ -594,7 +600,10 @@ class Runtime:
         else:
             self.store.finish_step(
                 run, step.idx, step.tool, encoded, last=follow.final, fail=follow.fail,
-                append=[(tool, dumps(given)) for tool, given in follow.append],
+                append=[
+                    (tool, dumps(given), dumps(policy) if policy else None)
+                    for tool, given, policy in follow.append
+                ],
             )  # fmt: skip
         crashpoints.crash("after_commit", step.idx)
         if self._log is not None:
@@ -799,8 +808,9 @@ def _appended(task_id: str, after: int, follow: Continuation) -> list[Step]:
             status=StepStatus.PENDING,
             output=None,
             attempts=0,
+            policy=policy,
         )
-        for idx, (tool, given) in enumerate(follow.append, start=after + 1)
+        for idx, (tool, given, policy) in enumerate(follow.append, start=after + 1)
     ]
 
 

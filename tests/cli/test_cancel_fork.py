@@ -217,7 +217,7 @@ def test_fork_of_an_agent_task_runs_its_turn_again(lab: Lab) -> None:
     again = lab.cli("status", "again", "--json").json()
     assert [s["tool"] for s in again["steps"]] == ["fetch", "agent", "write_artifact", "agent"]
     assert again["status"] == "done"
-    assert sorted(lab.artifacts()) == ["again-2-report.md", "report-2-report.md"]
+    assert sorted(lab.artifacts()) == ["again-2+report.md", "report-2+report.md"]
     # The appended steps extended each task's plan digest: both still verify.
     assert lab.cli("verify", "--all", "--artifacts", "artifacts").returncode == 0
 

@@ -70,7 +70,7 @@ def test_the_example_runs_on_the_stub_engine(example: Lab) -> None:
     result = example.cli("run", "report")
     assert result.returncode == 0, result.stderr
     [name] = example.artifacts()
-    assert name == "report-2-report.md"
+    assert name == "report-2+report.md"
     assert example.cli("verify", "report", "--artifacts", "artifacts").returncode == 0
 
 
@@ -86,7 +86,7 @@ def test_killed_after_the_post_the_note_is_kept_once(example: Lab, notes: str) -
     seen = listed(notes)
     assert seen["posts"] == 2  # the killed attempt posted, and so did its retry ...
     assert seen["notes"] == [{"id": 1, "title": "Open questions"}]  # ... under one key
-    assert example.artifacts() == {"report-6-report.md": REPORT}
+    assert example.artifacts() == {"report-6+report.md": REPORT}
     status = example.cli("status", "report", "--json").json()
     assert status["status"] == "done"
     assert status["model_calls"] == 3

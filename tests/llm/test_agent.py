@@ -69,7 +69,7 @@ def test_agent_loop_runs_every_decision_as_a_step(lab: Lab) -> None:
     assert second[3]["role"] == "tool"
     assert json.loads(second[3]["content"])["text"] == MORE
     assert third[5]["role"] == "tool"
-    assert "t-4-report.md" in third[5]["content"]
+    assert "t-4+report.md" in third[5]["content"]
     snapshot = lab.snapshot("t")
     assert [s["tool"] for s in snapshot.status["steps"]] == [
         "fetch", "agent", "fetch", "agent", "write_artifact", "agent",
@@ -80,7 +80,7 @@ def test_agent_loop_runs_every_decision_as_a_step(lab: Lab) -> None:
     assert [(e["step"], e["by"], e["tool"]) for e in appended] == [
         (2, 1, "fetch"), (3, 1, "agent"), (4, 3, "write_artifact"), (5, 3, "agent"),
     ]  # fmt: skip
-    assert lab.artifacts() == {"t-4-report.md": REPORT}
+    assert lab.artifacts() == {"t-4+report.md": REPORT}
     assert lab.cli("verify", "t", "--artifacts", "artifacts").returncode == 0
     status = lab.cli("status", "t", "--json").json()
     assert status["model_calls"] == 3
@@ -109,7 +109,7 @@ def test_agent_kill_matrix(lab: Lab, point: str, step: int) -> None:
     snapshot = lab.snapshot("t")
     assert snapshot.status["status"] == "done"
     assert snapshot.outputs[5]["text"] == ANSWER
-    assert lab.artifacts() == {"t-4-report.md": REPORT}
+    assert lab.artifacts() == {"t-4+report.md": REPORT}
     verified = lab.cli("verify", "t", "--artifacts", "artifacts")
     assert verified.returncode == 0, verified.stdout
     status = lab.cli("status", "t", "--json").json()
@@ -195,7 +195,7 @@ def test_the_stub_engine_runs_an_agent_offline(lab: Lab) -> None:
         "write_artifact",
         "agent",
     ]
-    assert lab.artifacts() == {"t-2-report.md": f"{PLAN['goal']}\nOutput of step 0:\nAlpha"}
+    assert lab.artifacts() == {"t-2+report.md": f"{PLAN['goal']}\nOutput of step 0:\nAlpha"}
 
 
 @pytest.mark.parametrize(

@@ -207,7 +207,7 @@ class Store(Protocol):
         output: str,
         *,
         last: bool,
-        append: Sequence[tuple[str, str]] = (),
+        append: Sequence[Appended] = (),
         fail: str | None = None,
     ) -> None:
         """Commit step ``idx`` ``done`` with ``output`` (JSON text) and ``step_finished``.
@@ -217,8 +217,8 @@ class Store(Protocol):
         as ``blob``. Reads of the step give the blob's content, checked.
 
         With ``last``, the same transaction marks the task ``done`` and journals
-        ``task_done``. ``append`` adds steps ``(tool, input JSON)`` as
-        ``idx + 1, idx + 2, ...``, each ``pending`` with a ``step_appended``
+        ``task_done``. ``append`` adds steps ``(tool, input JSON[, policy
+        JSON or None])`` as ``idx + 1, idx + 2, ...``, each ``pending`` with a ``step_appended``
         naming ``idx`` (an agent's turn and the calls it asked for); a step
         already at one of those indexes is a :class:`StoreError` and nothing
         is written. With ``fail``, the task is marked ``failed`` with
@@ -268,9 +268,16 @@ class Store(Protocol):
         """Release the runner's hold on the task (lock or lease). Idempotent; never raises."""
         ...
 
-    def retry_task(self, task_id: str, run_id: str, *, step: int | None = None) -> Task:
+    def retry_task(
+        self, task_id: str, run_id: str, *, step: int | None = None, grant: Grant | None = None
+    ) -> Task:
         """Move a ``failed`` task back to ``pending``, and its failed step too with
         attempts reset to 0, journaling ``task_retried`` in the same transaction.
+
+        ``grant(task)``, asked of the task read in that transaction (without
+        ``step``), may instead return ``(by, append, data)``: the steps to append
+        after step ``by`` (an agent stopped by ``max_turns``/``max_calls``, given a
+        new budget), each with its ``step_appended``, and the ``task_retried`` data.
 
         Takes the task as a runner would (the kernel lock, or a free lease) for
         the moment of the transaction and increments the lease epoch, so no
@@ -425,9 +432,14 @@ def retry_target(task: Task, step: int | None) -> int:
     from ..models import StepStatus, TaskStatus
 
     failed = [s.idx for s in task.steps if s.status is StepStatus.FAILED]
-    if task.status is not TaskStatus.FAILED or not failed:
+    if task.status is not TaskStatus.FAILED:
         raise InputError(
             f"task {task.id!r} is {task.status.value}, not failed: only a failed task is retried"
+        )
+    if not failed:
+        raise InputError(
+            f"task {task.id!r} failed with no failed step to run again; "
+            f"'ninelives fork {task.id} NEW_ID --from STEP' replays it under a new id"
         )
     if step is not None and step != failed[0]:
         raise InputError(f"step {step} of task {task.id!r} has not failed (step {failed[0]} has)")
@@ -456,7 +468,7 @@ class MissingStore:
     def task_ids(self) -> list[str]:
         return []
 
-    def retry_task(self, task_id: str, run_id: str, *, step: int | None = None) -> Task:
+    def retry_task(self, task_id: str, run_id: str, **options: Any) -> Task:
         raise self._unknown(task_id)
 
     def cancel_task(self, task_id: str, run_id: str, **options: object) -> tuple[Task, bool]:
@@ -476,6 +488,22 @@ class MissingStore:
 
     def close(self) -> None:
         pass
+
+
+#: A step an agent's turn appends: ``(tool, input JSON)`` or ``(tool, input JSON,
+#: policy JSON or None)``; the policy is chained into the plan's digest like a planned one.
+Appended = tuple[str, str] | tuple[str, str, str | None]
+#: What a retry appends instead of putting a failed step back: see :meth:`Store.retry_task`.
+Grant = Callable[[Task], "tuple[int, Sequence[Appended], dict[str, Any]] | None"]
+
+
+def appended_rows(task_id: str, start: int, append: Sequence[Appended]) -> list[dict[str, Any]]:
+    """The ``insert_step`` parameters of the steps a turn appends at ``start`` on."""
+    return [
+        {"id": task_id, "idx": idx, "tool": new[0], "input": new[1],
+         "policy": new[2] if len(new) == 3 else None}
+        for idx, new in enumerate(append, start=start)
+    ]  # fmt: skip
 
 
 def step_rows(task_id: str, plan: Plan) -> list[dict[str, Any]]:

@@ -53,7 +53,9 @@ from ..models import APPROVAL_TOOL, Event, EventKind, Run, Step, StepStatus, Tas
 from ..plan import Plan
 from . import (
     DEFAULT_LEASE,
+    Appended,
     Decision,
+    Grant,
     fencing_disabled,
     heartbeat_disabled,
     postgres_parking,
@@ -455,7 +457,7 @@ class PostgresStore(PostgresHousekeeping):
         output: str,
         *,
         last: bool,
-        append: Sequence[tuple[str, str]] = (),
+        append: Sequence[Appended] = (),
         fail: str | None = None,
     ) -> None:
         postgres_steps.finish_step(
@@ -515,7 +517,9 @@ class PostgresStore(PostgresHousekeeping):
             row = conn.execute(Q["unfinished"], {"queue": queue, "skip": list(skip)}).fetchone()
         return int(row[0]) if row else 0
 
-    def retry_task(self, task_id: str, run_id: str, *, step: int | None = None) -> Task:
+    def retry_task(
+        self, task_id: str, run_id: str, *, step: int | None = None, grant: Grant | None = None
+    ) -> Task:
         with self._write() as conn:
             conn.execute(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
             row = conn.execute(Q["lease_state"], {"id": task_id}).fetchone()
@@ -525,13 +529,20 @@ class PostgresStore(PostgresHousekeeping):
             if live:  # as in begin_run: free only if its holder is provably gone
                 self._take_over_early(conn, task_id, held)
             task = self._load(conn, task_id)
-            idx = retry_target(task, step)
-            conn.execute(Q["retry_task"], {"id": task_id})
-            conn.execute(Q["retry_step"], {"id": task_id, "idx": idx})
-            self._event(
-                conn, task_id, run_id, EventKind.TASK_RETRIED, idx,
-                {"attempts": task.steps[idx].attempts},
-            )  # fmt: skip
+            granted = grant(task) if grant is not None and step is None else None
+            if granted is not None:
+                by, append, data = granted
+                postgres_steps.append_steps(self, conn, task_id, run_id, by, append)
+                conn.execute(Q["retry_task"], {"id": task_id})
+                self._event(conn, task_id, run_id, EventKind.TASK_RETRIED, None, data)
+            else:
+                idx = retry_target(task, step)
+                conn.execute(Q["retry_task"], {"id": task_id})
+                conn.execute(Q["retry_step"], {"id": task_id, "idx": idx})
+                self._event(
+                    conn, task_id, run_id, EventKind.TASK_RETRIED, idx,
+                    {"attempts": task.steps[idx].attempts},
+                )  # fmt: skip
         return self.get_task(task_id)
 
     def cancel_task(

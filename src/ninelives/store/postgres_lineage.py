@@ -14,7 +14,7 @@ from .. import lineage
 from ..errors import LeaseLost, StoreError, TaskCancelled, UnknownTask
 from ..journal import dumps
 from ..models import EventKind, Run, Task
-from . import task_exists
+from . import Appended, task_exists
 from .postgres_session import Conn, Q, not_running
 
 if TYPE_CHECKING:
@@ -151,16 +151,11 @@ def settle_error(store: PostgresStore, run: Run, idx: int, error: str) -> None:
 
 
 def extend_plan(
-    store: PostgresStore,
-    conn: Conn,
-    task_id: str,
-    start: int,
-    append: Sequence[tuple[str, str]],
-    policy: str | None = None,
+    store: PostgresStore, conn: Conn, task_id: str, start: int, append: Sequence[Appended]
 ) -> None:
     """In a turn's commit (or a workflow step's start): carry the task's plan
     digest over the steps it appends."""
     row = store._fetch(conn.execute(Q["plan_sha256"], {"id": task_id}))
-    digest = lineage.appended_digest(row[0] if row else None, start, append, policy)
+    digest = lineage.appended_digest(row[0] if row else None, start, append)
     if digest is not None:
         conn.execute(Q["set_plan_sha256"], {"id": task_id, "plan_sha256": digest})

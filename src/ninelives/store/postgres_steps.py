@@ -24,8 +24,8 @@ from ..errors import StoreError
 from ..journal import dumps
 from ..models import EventKind, Run, TaskStatus
 from ..policy import error_data, failure_reason
-from . import StepNotDue, finished_data
-from .postgres_session import Q, around_attempt, not_running
+from . import Appended, StepNotDue, appended_rows, finished_data
+from .postgres_session import Conn, Q, around_attempt, not_running
 
 if TYPE_CHECKING:
     from .postgres import PostgresStore
@@ -76,7 +76,7 @@ def finish_step(
     output: str,
     *,
     last: bool,
-    append: Sequence[tuple[str, str]] = (),
+    append: Sequence[Appended] = (),
     fail: str | None = None,
 ) -> None:
     """See :meth:`ninelives.store.Store.finish_step`: one statement unless the step
@@ -116,25 +116,7 @@ def finish_step(
                 conn, run.task_id, run.run_id, EventKind.STEP_FINISHED, idx,
                 finished_data(tool, output),
             )  # fmt: skip
-            for new_idx, (new_tool, new_input) in enumerate(append, start=idx + 1):
-                conn.execute(
-                    Q["insert_step"],
-                    {
-                        "id": run.task_id,
-                        "idx": new_idx,
-                        "tool": new_tool,
-                        "input": new_input,
-                        "policy": None,
-                    },
-                )
-                store._event(
-                    conn, run.task_id, run.run_id, EventKind.STEP_APPENDED, new_idx,
-                    {"tool": new_tool, "by": idx},
-                )  # fmt: skip
-            if append:
-                from .postgres_lineage import extend_plan
-
-                extend_plan(store, conn, run.task_id, idx + 1, append)
+            append_steps(store, conn, run.task_id, run.run_id, idx, append)
             if fail:
                 store._event(
                     conn, run.task_id, run.run_id, EventKind.TASK_FAILED, None, {"reason": fail}
@@ -244,10 +226,31 @@ def append_step(
         store._event(
             conn, run.task_id, run.run_id, EventKind.STEP_APPENDED, idx, {"tool": tool, "by": idx}
         )
-        extend_plan(store, conn, run.task_id, idx, [(tool, given)], policy)
+        extend_plan(store, conn, run.task_id, idx, [(tool, given, policy)])
         store._event(
             conn, run.task_id, run.run_id, EventKind.STEP_STARTED, idx,
             lineage.started_data(tool, attempt, tool_version),
         )  # fmt: skip
     store._after_commit(run, sent)
     return attempt
+
+
+def append_steps(
+    store: PostgresStore,
+    conn: Conn,
+    task_id: str,
+    run_id: str,
+    by: int,
+    append: Sequence[Appended],
+) -> None:
+    """Insert the steps turn ``by`` appends after it, journaled, the digest carried over."""
+    from .postgres_lineage import extend_plan
+
+    for row in appended_rows(task_id, by + 1, append):
+        conn.execute(Q["insert_step"], row)
+        store._event(
+            conn, task_id, run_id, EventKind.STEP_APPENDED, row["idx"],
+            {"tool": row["tool"], "by": by},
+        )  # fmt: skip
+    if append:
+        extend_plan(store, conn, task_id, by + 1, append)

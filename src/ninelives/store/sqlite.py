@@ -34,8 +34,11 @@ from ..locking import BLOBS_LOCK, TaskLock, is_held, lock_folder, lock_path
 from ..models import APPROVAL_TOOL, Event, EventKind, Run, Step, StepStatus, Task, TaskStatus
 from ..policy import error_data, failure_reason
 from . import (
+    Appended,
     Decision,
+    Grant,
     StepNotDue,
+    appended_rows,
     fencing_disabled,
     finished_data,
     recovery_limit_reason,
@@ -682,7 +685,7 @@ class SQLiteStore(SQLiteHousekeepingWrites):
         output: str,
         *,
         last: bool,
-        append: Sequence[tuple[str, str]] = (),
+        append: Sequence[Appended] = (),
         fail: str | None = None,
     ) -> None:
         now = time.time()
@@ -696,31 +699,7 @@ class SQLiteStore(SQLiteHousekeepingWrites):
                 conn, run.task_id, run.run_id, EventKind.STEP_FINISHED, idx,
                 finished_data(tool, output), now,
             )  # fmt: skip
-            for new_idx, (new_tool, new_input) in enumerate(append, start=idx + 1):
-                try:
-                    conn.execute(
-                        Q["insert_step"],
-                        {
-                            "id": run.task_id,
-                            "idx": new_idx,
-                            "tool": new_tool,
-                            "input": new_input,
-                            "policy": None,
-                        },
-                    )
-                except sqlite3.IntegrityError as exc:
-                    raise StoreError(
-                        f"task {run.task_id!r} already has a step {new_idx}: steps are only "
-                        "appended at the end"
-                    ) from exc
-                self._event(
-                    conn, run.task_id, run.run_id, EventKind.STEP_APPENDED, new_idx,
-                    {"tool": new_tool, "by": idx}, now,
-                )  # fmt: skip
-            if append:
-                from .sqlite_lineage import extend_plan
-
-                extend_plan(conn, run.task_id, idx + 1, append)
+            self._append(conn, run.task_id, run.run_id, idx, append, now)
             if fail:
                 self._event(
                     conn, run.task_id, run.run_id, EventKind.TASK_FAILED, None,
@@ -728,6 +707,33 @@ class SQLiteStore(SQLiteHousekeepingWrites):
                 )  # fmt: skip
             elif last:
                 self._event(conn, run.task_id, run.run_id, EventKind.TASK_DONE, None, None, now)
+
+    def _append(
+        self,
+        conn: sqlite3.Connection,
+        task_id: str,
+        run_id: str,
+        by: int,
+        append: Sequence[Appended],
+        now: float,
+    ) -> None:
+        """Insert the steps turn ``by`` appends after it, journaled, the digest carried over."""
+        for row in appended_rows(task_id, by + 1, append):
+            try:
+                conn.execute(Q["insert_step"], row)
+            except sqlite3.IntegrityError as exc:
+                raise StoreError(
+                    f"task {task_id!r} already has a step {row['idx']}: steps are only "
+                    "appended at the end"
+                ) from exc
+            self._event(
+                conn, task_id, run_id, EventKind.STEP_APPENDED, row["idx"],
+                {"tool": row["tool"], "by": by}, now,
+            )  # fmt: skip
+        if append:
+            from .sqlite_lineage import extend_plan
+
+            extend_plan(conn, task_id, by + 1, append)
 
     def record_error(
         self,
@@ -807,11 +813,14 @@ class SQLiteStore(SQLiteHousekeepingWrites):
         if lock is not None:
             lock.release()
 
-    def retry_task(self, task_id: str, run_id: str, *, step: int | None = None) -> Task:
+    def retry_task(
+        self, task_id: str, run_id: str, *, step: int | None = None, grant: Grant | None = None
+    ) -> Task:
         with self._read() as conn:  # refusals before any lock file is made
             found = self._load(conn, task_id)
         try:
-            retry_target(found, step)
+            if grant is None or step is not None or grant(found) is None:
+                retry_target(found, step)
         except InputError:
             if self._held(task_id):
                 raise TaskBusy(f"task {task_id!r} is being run by another process") from None
@@ -821,13 +830,21 @@ class SQLiteStore(SQLiteHousekeepingWrites):
             now = time.time()
             with self._write() as conn:
                 task = self._load(conn, task_id)
-                idx = retry_target(task, step)
-                conn.execute(Q["retry_task"], {"id": task_id, "now": now})
-                conn.execute(Q["retry_step"], {"id": task_id, "idx": idx})
-                attempts = task.steps[idx].attempts
-                self._event(
-                    conn, task_id, run_id, EventKind.TASK_RETRIED, idx, {"attempts": attempts}, now
-                )
+                granted = grant(task) if grant is not None and step is None else None
+                if granted is not None:
+                    by, append, data = granted
+                    self._append(conn, task_id, run_id, by, append, now)
+                    conn.execute(Q["retry_task"], {"id": task_id, "now": now})
+                    self._event(conn, task_id, run_id, EventKind.TASK_RETRIED, None, data, now)
+                else:
+                    idx = retry_target(task, step)
+                    conn.execute(Q["retry_task"], {"id": task_id, "now": now})
+                    conn.execute(Q["retry_step"], {"id": task_id, "idx": idx})
+                    attempts = task.steps[idx].attempts
+                    self._event(
+                        conn, task_id, run_id, EventKind.TASK_RETRIED, idx,
+                        {"attempts": attempts}, now,
+                    )  # fmt: skip
         finally:
             lock.release()
         return self.get_task(task_id)

@@ -16,7 +16,7 @@ from .. import lineage
 from ..errors import LeaseLost, StoreError, TaskCancelled
 from ..journal import dumps
 from ..models import EventKind, Run, Task, TaskStatus
-from . import task_exists
+from . import Appended, task_exists
 
 if TYPE_CHECKING:
     from .sqlite import SQLiteStore
@@ -154,16 +154,12 @@ def settle_error(store: SQLiteStore, run: Run, idx: int, error: str) -> None:
 
 
 def extend_plan(
-    conn: sqlite3.Connection,
-    task_id: str,
-    start: int,
-    append: Sequence[tuple[str, str]],
-    policy: str | None = None,
+    conn: sqlite3.Connection, task_id: str, start: int, append: Sequence[Appended]
 ) -> None:
     """In a turn's commit (or a workflow step's start): carry the task's plan
     digest over the steps it appends."""
     row = conn.execute(Q["plan_sha256"], {"id": task_id}).fetchone()
-    digest = lineage.appended_digest(row[0] if row else None, start, append, policy)
+    digest = lineage.appended_digest(row[0] if row else None, start, append)
     if digest is not None:
         conn.execute(Q["set_plan_sha256"], {"id": task_id, "plan_sha256": digest})
 
@@ -191,7 +187,7 @@ def append_step(
             conn, run.task_id, run.run_id, EventKind.STEP_APPENDED, idx,
             {"tool": tool, "by": idx}, now,
         )  # fmt: skip
-        extend_plan(conn, run.task_id, idx, [(tool, given)], policy)
+        extend_plan(conn, run.task_id, idx, [(tool, given, policy)])
         store._event(
             conn, run.task_id, run.run_id, EventKind.STEP_STARTED, idx,
             lineage.started_data(tool, attempt, tool_version), now,

@@ -9,7 +9,8 @@ test suite proves each format faithful by driving the fake with the official
 A turn is a :class:`Turn` (text and tool calls, rendered in the asked format)
 or a fault: ``"hang"`` (never answers), ``"garbage"`` (200 with a body that
 is not JSON), ``"http500"``, ``"die"`` (headers promise a body that breaks off),
-``"wrong_shape"`` (JSON without the expected fields), and hostile ones:
+``"wrong_shape"`` (JSON without the expected fields), ``bytes`` (a 200 with
+exactly that body, in either format: a fuzzer's reply), and hostile ones:
 ``"echo_key"`` (401 whose body echoes the ``Authorization`` header about 100
 characters in, as some gateways do), ``"echo_key_cut"`` (500 whose body puts
 it across the 2048th byte, behind whitespace), ``"trickle"`` (the status line
@@ -70,7 +71,7 @@ class Request:
 class FakeModelServer:
     """A loopback HTTP server answering from ``script``; see the module docstring."""
 
-    script: list[Turn | str] = field(default_factory=list)
+    script: list[Turn | str | bytes] = field(default_factory=list)
     requests: list[Request] = field(default_factory=list)
     hang_seconds: float = 30.0
     by_turn: bool = False
@@ -105,7 +106,7 @@ class FakeModelServer:
         with self._lock:
             return sum(1 for r in self.requests if r.path.endswith(path_suffix))
 
-    def _next(self, body: Any) -> Turn | str:
+    def _next(self, body: Any) -> Turn | str | bytes:
         with self._lock:
             if not self.script:
                 return Turn(text="")
@@ -150,10 +151,12 @@ class FakeModelServer:
                     self._send(404, b'{"error": "not found"}')
                     return
                 turn = fake._next(body)
-                if turn == "hang":
+                if isinstance(turn, bytes):
+                    self._send(200, turn)
+                elif turn == "hang":
                     fake._released.wait(fake.hang_seconds)
                     return
-                if turn == "garbage":
+                elif turn == "garbage":
                     self._send(200, b"<html>this is not JSON</html>")
                 elif turn == "http500":
                     self._send(500, b'{"error": "model crashed"}')
@@ -314,7 +317,7 @@ def _openai_reply(turn: Turn, model: str) -> dict[str, Any]:
 
 @contextmanager
 def fake_model_server(
-    *script: Turn | str, hang_seconds: float = 30.0, by_turn: bool = False
+    *script: Turn | str | bytes, hang_seconds: float = 30.0, by_turn: bool = False
 ) -> Iterator[FakeModelServer]:
     """Start a :class:`FakeModelServer` with ``script`` for the ``with`` block."""
     server = FakeModelServer(script=list(script), hang_seconds=hang_seconds, by_turn=by_turn)

@@ -10,7 +10,7 @@ from ..blobs import CHUNK, Blobs
 from ..blobs import current as current_blobs
 from ..errors import PlanError, ToolError
 from ..settings import Settings
-from . import Registry, Tool, effects, files, load_tool_modules
+from . import Registry, Tool, ToolContext, effects, files, load_tool_modules
 
 if TYPE_CHECKING:
     from ..plan import Plan
@@ -251,25 +251,32 @@ def make_write_artifact(settings: Settings) -> Tool:
     outcome (the folder recorded with the task, else ``settings.artifacts``), or
     with ``AGENT_UNSAFE_EFFECTS=1`` appends it to ``report.log``.
     The form a model calls, ``{"name", "text"}``, publishes ``text`` as
-    ``<artifacts>/<idem_key>-<name>``.
+    ``<artifacts>/<idem_key>+<name>`` (:func:`~ninelives.tools.effects.model_artifact`).
     """
 
-    def write_artifact(step_input: Mapping[str, Any], ctx: Mapping[int, Any], idem_key: str) -> Any:
+    def write_artifact(step_input: Mapping[str, Any], ctx: ToolContext) -> Any:
         _check_write(step_input)
+        idem_key = ctx.idem_key
         name = f"{idem_key}.md"
         if "from" in step_input:
-            source = _source(ctx, step_input)
+            source = _source(ctx.outputs, step_input)
             summary = source.get("summary", source.get("text"))
             if not isinstance(summary, str):
                 raise ToolError(f"step {step_input['from']} output has no summary to write")
         else:  # the form a model calls: the key in the name keeps it idempotent
-            summary, name = step_input["text"], f"{idem_key}-{step_input['name']}"
+            summary, name = step_input["text"], effects.model_artifact(idem_key, step_input["name"])
         folder = effects.artifacts_folder(settings.artifacts)
         if settings.unsafe_effects:
             path = os.path.join(folder, "report.log")
             effects.append_unsafe(path, (summary + "\n---\n").encode())
             return {"path": path, "deduplicated": False}
-        published = effects.publish_once(folder, name, summary.encode(), step=_step_of(idem_key))
+        data = summary.encode()
+        earlier = None
+        if "from" not in step_input and ctx.attempt > 1:
+            # An attempt of an older version may have published it under the name
+            # of before (``<idem_key>-<name>``): found there, it is not published twice.
+            earlier = effects.holds(folder, f"{idem_key}-{step_input['name']}", data)
+        published = earlier or effects.publish_once(folder, name, data, step=_step_of(idem_key))
         return {
             "path": published.path,
             "deduplicated": published.deduplicated,
@@ -280,6 +287,7 @@ def make_write_artifact(settings: Settings) -> Tool:
     return Tool(
         name="write_artifact",
         fn=write_artifact,
+        takes_context=True,
         validate=_check_write,
         schema=WRITE_SCHEMA,
         description="Publish a text file exactly once (a retry never writes a second copy).",

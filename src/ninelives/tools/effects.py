@@ -262,16 +262,75 @@ def append_unsafe(path: str, data: bytes) -> None:
         os.close(fd)
 
 
-#: What follows ``.TASK-`` in the name of a temporary file of :func:`publish_once`.
-_TEMP_TAIL = re.compile(r"\d+\.md\.[0-9a-f]{16}\.tmp")
+#: Between a step's idempotency key and the name a model gave its artifact: a
+#: character no task id can hold, so no two tasks' artifact names ever meet
+#: (``demo`` step 2's ``2.md`` is ``demo-2+2.md``, never ``demo-2``'s ``demo-2-2.md``).
+MODEL_SEPARATOR = "+"
+_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
+#: What follows ``.TASK-`` in the name of a temporary file of :func:`publish_once`:
+#: the contract's ``<idx>.md`` or a model's ``<idx>+<name>``, then the random tail.
+_TEMP_TAIL = re.compile(rf"\d+(?:\.md|\{MODEL_SEPARATOR}{_NAME})\.[0-9a-f]{{16}}\.tmp")
+#: The same tail in the model form of versions before :data:`MODEL_SEPARATOR`: ``<idx>-<name>``.
+_OLD_TAIL = re.compile(rf"\d+-{_NAME}\.[0-9a-f]{{16}}\.tmp")
+_TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def model_artifact(idem_key: str, name: str) -> str:
+    """The file name of the artifact a model named ``name`` in the step of ``idem_key``."""
+    return f"{idem_key}{MODEL_SEPARATOR}{name}"
 
 
 def is_temp_of(task_id: str, name: str) -> bool:
-    """Whether ``name`` is a temporary file that :func:`publish_once` made for ``task_id``."""
+    """Whether ``name`` is a temporary file that :func:`publish_once` made for ``task_id``.
+
+    Either form of today, which no other task's name can match; or the model form
+    of older versions (``.TASK-<idx>-<name>.<hex>.tmp``) when no other reading of
+    the name fits (``.r-2-3.md...`` may be ``r-2``'s step 3 as well as ``r``'s
+    ``3.md``: such a name is the contract form's, so ``r`` leaves it alone).
+    """
     # A prefix test, not a pattern compiled per task: a run start checks every
     # name in the artifacts folder, which grows with every task published.
     prefix = f".{task_id}-"
-    return name.startswith(prefix) and _TEMP_TAIL.fullmatch(name, len(prefix)) is not None
+    if not name.startswith(prefix):
+        return False
+    if _TEMP_TAIL.fullmatch(name, len(prefix)) is not None:
+        return True
+    return _OLD_TAIL.fullmatch(name, len(prefix)) is not None and _owners(name) == [task_id]
+
+
+def _owners(name: str) -> list[str]:
+    """Every task id that could own temporary file ``name``; [] when a form of
+    today owns it (which no task of an older form may then claim)."""
+    owners = []
+    at = name.find("-", 1)
+    while at > 0:
+        task_id = name[1:at]
+        if _TASK_ID.fullmatch(task_id):
+            if _TEMP_TAIL.fullmatch(name, at + 1) is not None:
+                return []
+            if _OLD_TAIL.fullmatch(name, at + 1) is not None:
+                owners.append(task_id)
+        at = name.find("-", at + 1)
+    return owners
+
+
+def holds(folder: str, name: str, data: bytes) -> Published | None:
+    """``folder/name`` as published, if it is a regular file holding exactly ``data``
+    (its folder fsynced, as :func:`publish_once` leaves it); None otherwise."""
+    path = os.path.join(folder, name)
+    try:
+        fd = files.open_regular(path)
+    except (OSError, files.NotRegularFile):
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        digest = files.sha256_of(fd) if size == len(data) else None
+    finally:
+        os.close(fd)
+    if digest != (_sha256(data), len(data)):
+        return None
+    fsync_dir(folder)
+    return Published(path=path, deduplicated=True, sha256=digest[0], size=digest[1])
 
 
 def remove_orphans(
