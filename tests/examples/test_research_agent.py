@@ -70,6 +70,7 @@ def _printed(steps: list[tuple[str, int, str]], command: str) -> str:
     return output
 
 
+@pytest.mark.slow
 def test_the_readme_shows_its_claims_with_no_model_server(
     example: Lab, notes: str, model: str
 ) -> None:

@@ -53,6 +53,7 @@ def setup(lab: Lab, plan: dict[str, Any] = PLAN) -> None:
     assert created.returncode == 0, created.stderr
 
 
+@pytest.mark.slow
 def test_agent_loop_runs_every_decision_as_a_step(lab: Lab) -> None:
     setup(lab)
     with fake_model_server(*SCRIPT, by_turn=True) as fake:
@@ -90,6 +91,7 @@ def test_agent_loop_runs_every_decision_as_a_step(lab: Lab) -> None:
 
 @pytest.mark.parametrize("step", range(6))
 @pytest.mark.parametrize("point", ["before_effect", "after_effect", "after_commit"])
+@pytest.mark.slow
 def test_agent_kill_matrix(lab: Lab, point: str, step: int) -> None:
     """Killed at each crash point of each step (static, turn, appended call) and
     resumed: every committed turn is asked once, the effect lands once, the answer
