@@ -3,7 +3,8 @@
 #   make test       lint, type-check, the whole suite (starts its own PostgreSQL), the
 #                   reliability slice, then the demo from a fresh copy and from a built
 #                   wheel: about 25 minutes on 2 cores; this is what CI runs
-#   make test-fast  lint and the quick tests only (no PostgreSQL, nothing marked slow)
+#   make test-fast  lint and the quick tests only (no PostgreSQL, nothing marked slow):
+#                   about two minutes on 2 cores, without the benchmark peers installed
 
 ifndef PYTHON
 PYTHON := $(shell for p in python3.13 python3.12 python3.11 python3.10 python3; do \
@@ -23,8 +24,14 @@ $(VENV)/.core: pyproject.toml
 	$(BIN)/python -m pip install -q -e .
 	@touch $@
 
+# What lint and the quick tests need: the test extra (pytest, ruff, mypy, the
+# official model clients, apsw), no benchmark peers and no bundled PostgreSQL.
+$(VENV)/.dev: $(VENV)/.core
+	$(BIN)/python -m pip install -q -e '.[test]'
+	@touch $@
+
 # The bench extra (DBOS, LangGraph) lets the test of bench/peers.py run every peer.
-$(VENV)/.installed: $(VENV)/.core
+$(VENV)/.installed: $(VENV)/.dev
 	$(BIN)/python -m pip install -q -e '.[test,bench]'
 	@# No PostgreSQL on this machine: the tests run the server bundled in a wheel.
 	@if ! command -v pg_ctl >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then \
@@ -40,12 +47,12 @@ system-deps:
 demo: $(VENV)/.core
 	NINELIVES=$(abspath $(BIN))/ninelives bash scripts/demo.sh
 
-lint: $(VENV)/.installed
+lint: $(VENV)/.dev
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/ruff format --check src tests bench examples
 	$(BIN)/mypy
 
-test: lint system-deps
+test: $(VENV)/.installed lint system-deps
 	@echo "==> the whole suite: real processes killed with SIGKILL, a throwaway PostgreSQL (about 20 minutes on 2 cores)"
 	NINELIVES_FORBID_SKIPS=1 $(BIN)/pytest
 	@echo "==> the reliability slice: random kills, power cuts, I/O faults, simulation seeds (about 1 minute)"
@@ -58,7 +65,8 @@ check-install: $(VENV)/.installed
 	@echo "==> make demo in a fresh copy, then python -m build and the demo from the wheel (about 1 minute)"
 	PYTHON=$(PYTHON) BUILD_PYTHON=$(abspath $(BIN))/python bash scripts/check-install.sh
 
-# The inner loop: seconds to a couple of minutes, not the whole suite.
+# The inner loop: lint and the quick tests, about two minutes on 2 cores; it installs
+# only the test extra. Tests taking more than a few seconds are marked slow.
 test-fast: lint
 	@echo "==> the quick tests (no PostgreSQL, nothing marked slow); 'make test' runs everything"
 	NINELIVES_BACKOFF=0 $(BIN)/pytest -q -x -m "not slow and not postgres"

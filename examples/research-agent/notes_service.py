@@ -1,9 +1,10 @@
 """A tiny notes service on loopback that honours ``Idempotency-Key``.
 
-    python notes_service.py 8765      # POST /notes stores a note; GET /notes lists them
+    python notes_service.py 8780      # POST /notes stores a note; GET /notes lists them
 
 A POST whose key was seen before returns the note stored the first time and
-stores nothing new, the way payment and ticketing APIs behave.
+stores nothing new, the way payment and ticketing APIs behave. Port 0 takes
+any free port; the first line printed (once it listens) names the URL.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class Notes(BaseHTTPRequestHandler):
 
 
 if __name__ == "__main__":
-    port = int(sys.argv[1]) if len(sys.argv) > 1 else 8765
-    print(f"notes service on http://127.0.0.1:{port}/notes", flush=True)
-    ThreadingHTTPServer(("127.0.0.1", port), Notes).serve_forever()
+    server = ThreadingHTTPServer(
+        ("127.0.0.1", int(sys.argv[1]) if len(sys.argv) > 1 else 8780), Notes
+    )
+    print(f"notes service on http://127.0.0.1:{server.server_address[1]}/notes", flush=True)
+    server.serve_forever()

@@ -12,7 +12,7 @@ import urllib.request
 
 import ninelives
 
-NOTES_URL = os.environ.get("NOTES_URL", "http://127.0.0.1:8765/notes")
+NOTES_URL = os.environ.get("NOTES_URL", "http://127.0.0.1:8780/notes")
 
 
 @ninelives.tool("list_inputs", schema={"type": "object", "properties": {}})

@@ -219,8 +219,10 @@ def model_usage(task: Task, events: Iterable[Event]) -> dict[str, Any]:
 
     ``model_calls``: done steps whose output reports ``usage`` (``llm``,
     ``agent`` turns); ``tokens``: their summed ``input_tokens`` and
-    ``output_tokens``; ``model_calls_saved``: for each run after the first,
-    the model calls already committed when it started, which it did not repeat.
+    ``output_tokens``; ``model_calls_saved``: for each run that resumed the
+    task (it went on to journal something of its own: a recovery, a step), the
+    model calls already committed when it started, which it did not repeat. A
+    run that found nothing to do (the task done, or waiting) saved nothing.
     """
     tokens = {"input_tokens": 0, "output_tokens": 0}
     model_steps = set()
@@ -232,12 +234,13 @@ def model_usage(task: Task, events: Iterable[Event]) -> dict[str, Any]:
                 value = usage.get(key)
                 if isinstance(value, int) and not isinstance(value, bool):
                     tokens[key] += value
-    saved, runs = 0, 0
+    events = list(events)
+    acted = {e.run_id for e in events if e.kind != EventKind.RUN_STARTED.value}
+    saved = 0
     committed: set[int] = set()
     for event in events:
         if event.kind == EventKind.RUN_STARTED.value:
-            runs += 1
-            if runs > 1:
+            if event.run_id in acted:
                 saved += len(committed)
         elif event.kind == EventKind.STEP_FINISHED.value and event.step_idx in model_steps:
             committed.add(event.step_idx)

@@ -8,6 +8,8 @@ import sqlite3
 import time
 from typing import Any
 
+import pytest
+
 from ninelives.store import is_postgres_url
 from ninelives.testing import Lab
 
@@ -61,6 +63,7 @@ def _edit(lab: Lab, statement: str, *params: Any) -> None:
         conn.close()
 
 
+@pytest.mark.slow
 def test_cancel_from_another_process_stops_the_runner_before_its_next_step(lab: Lab) -> None:
     lab.write("ticktools.py", TICK)
     lab.write_plan({"goal": "slow", "steps": [{"tool": "tick", "input": {"sleep": 2}}] * 3})

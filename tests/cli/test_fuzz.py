@@ -199,6 +199,7 @@ def harmless(env: dict[str, str]) -> dict[str, str]:
 
 @FUZZ
 @given(env=st.dictionaries(st.sampled_from(ENV_NAMES), ENV_VALUES, max_size=4).map(harmless))
+@pytest.mark.slow
 def test_any_environment(env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
     with scratch(monkeypatch, env) as root:
         (root / "plan.json").write_text(json.dumps(GUIDE_PLAN), encoding="utf-8")
@@ -224,6 +225,7 @@ def test_any_environment(env: dict[str, str], monkeypatch: pytest.MonkeyPatch, c
     task_id=TASK_IDS,
     crash=st.sampled_from(["", "bogus", "before_effect:x", "after_effect:99", "after_commit"]),
 )
+@pytest.mark.slow
 def test_subprocess_inputs(plan: str, task_id: str, crash: str, tmp_path: Path) -> None:
     with tempfile.TemporaryDirectory(dir=tmp_path) as tmp:
         lab = Lab(Path(tmp), db="state.db")

@@ -33,6 +33,7 @@ def _one_line_error(result: object, code: int, text: str) -> None:
     assert "Traceback" not in lines[0], lines
 
 
+@pytest.mark.slow
 def test_ls_lists_newest_first_as_json(lab: Lab) -> None:
     _tasks(lab)
     listed = lab.cli("ls", "--json").jsonl()
@@ -47,6 +48,7 @@ def test_ls_lists_newest_first_as_json(lab: Lab) -> None:
     assert [t["task"] for t in lab.cli("ls", "--queue", "q").jsonl()] == ["c"]
 
 
+@pytest.mark.slow
 def test_gc_removes_finished_tasks_and_says_which(lab: Lab) -> None:
     _tasks(lab)
     before = lab.fingerprint(*TASKS)
@@ -79,6 +81,7 @@ def test_gc_removes_finished_tasks_and_says_which(lab: Lab) -> None:
         (("doctor", "--fix", "extra"), "unrecognized arguments"),
     ],
 )
+@pytest.mark.slow
 def test_bad_input_is_one_line_exit_4_and_changes_nothing(
     lab: Lab, args: tuple[str, ...], text: str
 ) -> None:

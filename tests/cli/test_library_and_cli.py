@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from ninelives.testing import Lab
 from ninelives.testing.lab import SUMMARY_NOTES
 from ninelives.tools.builtin import stub_summary
@@ -141,6 +143,7 @@ def test_a_worker_given_another_folder_publishes_where_the_task_began(lab: Lab) 
     assert not (lab.root / "other").exists()
 
 
+@pytest.mark.slow
 def test_a_project_moved_or_copied_whole_publishes_beside_its_own_database(
     sqlite_lab: Lab, tmp_path: Path
 ) -> None:
@@ -176,6 +179,7 @@ def test_an_artifacts_folder_outside_the_project_stays_where_it_was(
     assert not (moved.root / "artifacts").exists()
 
 
+@pytest.mark.slow
 def test_a_folder_named_through_a_symlinked_project_still_moves_with_it(
     sqlite_lab: Lab, tmp_path: Path
 ) -> None:

@@ -64,6 +64,7 @@ READERS = [
 
 @pytest.mark.parametrize("args", READERS, ids=" ".join)
 @pytest.mark.parametrize("where", ["full", "closed"])
+@pytest.mark.slow
 def test_a_stdout_that_cannot_be_written_is_one_line_and_exit_10(
     sqlite_lab: Lab, args: list[str], where: str
 ) -> None:

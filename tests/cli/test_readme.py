@@ -91,6 +91,7 @@ def test_every_block_is_run_or_accounted_for() -> None:
     assert set(ELSEWHERE) <= {b.first for b in found}, "ELSEWHERE names a block that is gone"
 
 
+@pytest.mark.slow
 def test_the_shell_blocks_work_as_written(tmp_path: Path) -> None:
     outcome, problems = run_shell(_shell(False), tmp_path, _env(tmp_path))
     assert problems == [], "\n".join(problems)

@@ -110,6 +110,7 @@ def test_negative_control_an_unescaped_goal_would_be_markup(
     assert "<img" in inner
 
 
+@pytest.mark.slow
 def test_report_to_stdout_and_its_errors(lab: Lab) -> None:
     _killed_twice(lab)
     out = lab.cli("report", "t", "-o", "-")

@@ -31,6 +31,7 @@ def _counts(stdout: str) -> dict[str, int]:
     return dict(zip(names, map(int, match.groups()), strict=True))
 
 
+@pytest.mark.slow
 def test_guide_plan_survives_random_kills(sqlite_lab: Lab) -> None:
     sqlite_lab.guide_setup()
     result = sqlite_lab.cli("torture", "plan.json", "--kills", "12", "--seed", "11", "--dir", "t")
@@ -68,6 +69,7 @@ def _task_ids(lab: Lab, folder: Path) -> list[str]:
         conn.close()
 
 
+@pytest.mark.slow
 def test_parallel_workers(sqlite_lab: Lab) -> None:
     sqlite_lab.guide_setup()
     result = sqlite_lab.cli(
@@ -107,6 +109,7 @@ def _install_dup_tool(root: Path) -> str:
     return str(site)
 
 
+@pytest.mark.slow
 def test_negative_control_duplicates_are_found(sqlite_lab: Lab) -> None:
     sqlite_lab.guide_setup()
     plan = {

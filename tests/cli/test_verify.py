@@ -172,6 +172,7 @@ def test_each_kind_of_damage_is_reported_with_its_events(sqlite_lab: Lab, name: 
         assert named & seqs, (found, seqs)
 
 
+@pytest.mark.slow
 def test_artifact_damage_is_reported(sqlite_lab: Lab) -> None:
     _done(sqlite_lab, crash="after_effect:2")
     artifacts = sqlite_lab.root / "artifacts"
@@ -240,6 +241,7 @@ def test_a_step_finished_naming_another_blob_is_reported(sqlite_lab: Lab) -> Non
     ]
 
 
+@pytest.mark.slow
 def test_only_the_damaged_task_is_reported(sqlite_lab: Lab) -> None:
     _done(sqlite_lab)
     assert sqlite_lab.cli("create", "other", "plan.json").returncode == 0
@@ -349,6 +351,7 @@ def test_task_created_must_come_first_and_once() -> None:
 # -- limits: a step run again past the attempt or recovery limit --------------------
 
 
+@pytest.mark.slow
 def test_verify_reports_steps_run_past_the_attempt_and_recovery_limits(tmp_path: Path) -> None:
     lab = Lab(tmp_path / "lab")
     lab.write("input/notes.txt", "one\ntwo\nthree\n")

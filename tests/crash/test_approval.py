@@ -46,6 +46,7 @@ def status(lab: Lab, task: str) -> dict[str, object]:
     return found
 
 
+@pytest.mark.slow
 def test_run_waits_then_approve_from_another_process(lab: Lab) -> None:
     _setup(lab)
     assert lab.cli("create", "t", "plan.json").returncode == 0
@@ -113,6 +114,7 @@ def _wait_status(lab: Lab, task: str, wanted: str, timeout: float = 60) -> None:
     raise AssertionError(f"{task} did not become {wanted}: {status(lab, task)}")
 
 
+@pytest.mark.slow
 def test_worker_fleet_leaves_a_waiting_task_alone(lab: Lab) -> None:
     """Two workers: the plain task finishes, the approval task waits (never claimed
     again while waiting, even with a worker killed and replaced meanwhile) and

@@ -70,6 +70,7 @@ def _stored_blobs(lab: Lab) -> list[str]:
     return sorted(blobs)
 
 
+@pytest.mark.slow
 def test_a_kill_in_the_middle_of_a_blob_publish_then_resume(lab: Lab) -> None:
     lab.write_plan(GUIDE_PLAN)
     source = _big_file(lab, 96 << 20)  # over fetch's in-memory limit: streamed to a blob
@@ -311,6 +312,7 @@ def test_a_blob_folder_that_is_a_symlink_is_refused(sqlite_lab: Lab, tmp_path: P
     assert lab.cli("run", TASK, NINELIVES_BLOB_THRESHOLD="0").returncode == 0  # control
 
 
+@pytest.mark.slow
 def test_torture_with_every_output_a_blob(sqlite_lab: Lab) -> None:
     """Random outside SIGKILLs (torture pauses at every crash point, the blob's
     included) of runs that store every output as a blob: each task verified."""

@@ -68,6 +68,7 @@ def test_same_task_started_by_several_processes_at_once(lab: Lab) -> None:
     )
 
 
+@pytest.mark.slow
 def test_a_dozen_tasks_created_and_run_by_a_dozen_processes_at_once(lab: Lab) -> None:
     ids = [f"t{i}" for i in range(TASKS)]
     expected = {}

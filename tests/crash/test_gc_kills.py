@@ -108,6 +108,7 @@ def _removed(stdout: str) -> set[str]:
     return {line.split()[1] for line in stdout.splitlines() if line.startswith("removed ")}
 
 
+@pytest.mark.slow
 def test_gc_killed_mid_batch_and_at_random_leaves_every_task_whole_or_gone(lab: Lab) -> None:
     _history(lab)
     before = _state(lab)

@@ -78,6 +78,7 @@ def test_crash_point_then_resume(lab: Lab, point: str, step: int) -> None:
 
 
 @pytest.mark.fsync_on
+@pytest.mark.slow
 def test_sigkill_from_outside_while_step_1_sleeps(lab: Lab) -> None:
     created(lab)
     runner = lab.spawn("run", TASK, AGENT_STEP_DELAY="2")
@@ -96,6 +97,7 @@ def test_sigkill_from_outside_while_step_1_sleeps(lab: Lab) -> None:
 
 
 @pytest.mark.fsync_on
+@pytest.mark.slow
 def test_second_runner_is_refused_with_exit_3_at_once(lab: Lab) -> None:
     created(lab)
     first = lab.spawn("run", TASK, AGENT_STEP_DELAY="1")

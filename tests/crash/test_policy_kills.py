@@ -103,6 +103,7 @@ def _events(lab: Lab, task: str, kind: str) -> list[dict[str, Any]]:
     return found
 
 
+@pytest.mark.slow
 def test_checkpointed_chunks_survive_ten_kills_and_none_is_processed_twice(
     tools_lab: Lab,
 ) -> None:
@@ -156,6 +157,7 @@ def test_checkpointed_chunks_survive_ten_kills_and_none_is_processed_twice(
     assert lab.cli("verify", "killed", **env).returncode == 0
 
 
+@pytest.mark.slow
 def test_a_tool_stuck_in_sleep_is_interrupted_at_its_timeout(tools_lab: Lab) -> None:
     lab = tools_lab
     steps = [{"tool": "sleepy", "input": {"seconds": 120}, "timeout": 1}]
@@ -216,6 +218,7 @@ def test_a_tool_stuck_in_a_socket_read_is_interrupted_at_its_timeout(
     assert failed["data"]["why"] == "attempt_limit"
 
 
+@pytest.mark.slow
 def test_a_backoff_wait_survives_a_kill(tools_lab: Lab) -> None:
     lab = tools_lab
     steps = [{"tool": "flaky", "input": {}, "backoff": {"base": 4, "cap": 4}}]
@@ -239,6 +242,7 @@ def test_a_backoff_wait_survives_a_kill(tools_lab: Lab) -> None:
     assert lab.cli("verify", "t").returncode == 0
 
 
+@pytest.mark.slow
 def test_a_worker_leaves_a_waiting_task_and_takes_it_when_due(tools_lab: Lab) -> None:
     lab = tools_lab
     steps = [{"tool": "flaky", "input": {}, "backoff": {"base": 3, "cap": 3}}]

@@ -150,6 +150,7 @@ def test_refuse_negative_control(lab: Lab) -> None:
     assert effects(lab) == 2
 
 
+@pytest.mark.slow
 def test_probe_that_cannot_tell_blocks(lab: Lab) -> None:
     _setup(lab, "charge_probe")
     _killed_at(lab, "after_effect")
@@ -174,6 +175,7 @@ def test_probe_that_cannot_tell_blocks(lab: Lab) -> None:
 
 
 @pytest.mark.parametrize("point", ["probe_answered", "settle_before_commit"])
+@pytest.mark.slow
 def test_kill_between_probe_and_commit(lab: Lab, point: str) -> None:
     """Killed after the probe answered (or inside its commit): nothing is
     written, the step is still running, and the next run probes again."""
@@ -192,6 +194,7 @@ def test_kill_between_probe_and_commit(lab: Lab, point: str) -> None:
     _verified(lab)
 
 
+@pytest.mark.slow
 def test_resolve_refuses_bad_input(lab: Lab) -> None:
     """Bad JSON, a non-object, a step not blocked: exit 4, one line, nothing changed."""
     _setup(lab, "charge_refuse")

@@ -57,6 +57,7 @@ def test_plan(ninelives_case, tmp_path):
 """.replace("NOTES", repr(SUMMARY_NOTES))
 
 
+@pytest.mark.slow
 def test_the_marker_generates_every_case(tmp_path: Path) -> None:
     project = _project(tmp_path / "marked", MARKED)
     listed = _pytest(project, "--collect-only")
@@ -69,6 +70,7 @@ def test_the_marker_generates_every_case(tmp_path: Path) -> None:
     assert "4 passed" in ran.stdout
 
 
+@pytest.mark.slow
 def test_the_ini_option_names_the_plan(tmp_path: Path) -> None:
     test = """
     def test_plan(ninelives_case, tmp_path):
@@ -79,6 +81,7 @@ def test_the_ini_option_names_the_plan(tmp_path: Path) -> None:
     assert f"{GUIDE_CASES} tests collected" in listed.stdout, listed.stdout
 
 
+@pytest.mark.slow
 def test_a_case_without_a_plan_is_a_usage_error(tmp_path: Path) -> None:
     test = """
     def test_plan(ninelives_case):
@@ -101,6 +104,7 @@ test_plan = kill_matrix(
 """.replace("NOTES", repr(SUMMARY_NOTES))
 
 
+@pytest.mark.slow
 def test_negative_control_the_kit_fails_a_tool_that_is_not_idempotent(tmp_path: Path) -> None:
     """With every run appending (AGENT_UNSAFE_EFFECTS=1), the kill after the effect
     must fail: the resumed task wrote its text twice."""
@@ -123,6 +127,7 @@ def test_plain():
 """
 
 
+@pytest.mark.slow
 def test_the_plugin_stays_out_of_sessions_that_do_not_use_it(tmp_path: Path) -> None:
     project = _project(tmp_path / "plain", PLAIN)
     result = _pytest(project)

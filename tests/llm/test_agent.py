@@ -53,6 +53,7 @@ def setup(lab: Lab, plan: dict[str, Any] = PLAN) -> None:
     assert created.returncode == 0, created.stderr
 
 
+@pytest.mark.slow
 def test_agent_loop_runs_every_decision_as_a_step(lab: Lab) -> None:
     setup(lab)
     with fake_model_server(*SCRIPT, by_turn=True) as fake:
@@ -90,6 +91,7 @@ def test_agent_loop_runs_every_decision_as_a_step(lab: Lab) -> None:
 
 @pytest.mark.parametrize("step", range(6))
 @pytest.mark.parametrize("point", ["before_effect", "after_effect", "after_commit"])
+@pytest.mark.slow
 def test_agent_kill_matrix(lab: Lab, point: str, step: int) -> None:
     """Killed at each crash point of each step (static, turn, appended call) and
     resumed: every committed turn is asked once, the effect lands once, the answer
@@ -116,7 +118,10 @@ def test_agent_kill_matrix(lab: Lab, point: str, step: int) -> None:
     committed_before_kill = sum(
         1 for s in TURN_STEPS if s < step or (s == step and point == "after_commit")
     )
-    assert status["model_calls_saved"] == committed_before_kill
+    # Killed after the last turn's commit, the task was done: the next run resumed
+    # nothing and so saved nothing.
+    done_before_kill = (point, step) == ("after_commit", max(TURN_STEPS))
+    assert status["model_calls_saved"] == (0 if done_before_kill else committed_before_kill)
 
 
 def test_bad_calls_become_results_the_model_reads(lab: Lab) -> None:
@@ -196,6 +201,23 @@ def test_the_stub_engine_runs_an_agent_offline(lab: Lab) -> None:
         "agent",
     ]
     assert lab.artifacts() == {"t-2+report.md": f"{PLAN['goal']}\nOutput of step 0:\nAlpha"}
+
+
+def test_model_calls_saved_counts_only_runs_that_resumed(lab: Lab) -> None:
+    """A run on a finished task repeats nothing and so saves nothing: only the
+    run that resumed after the kill counts the turn committed before it."""
+    setup(lab)
+    killed = lab.cli("run", "t", AGENT_CRASH_AT="after_commit:1")  # the first turn committed
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    for _ in range(2):  # the resume, then a run that finds the task done
+        result = lab.cli("run", "t")
+        assert result.returncode == 0, result.stderr
+        assert lab.cli("status", "t", "--json").json()["model_calls_saved"] == 1
+    lab.cli("create", "u", "plan.json")
+    for _ in range(2):  # never killed: nothing was ever saved
+        assert lab.cli("run", "u").returncode == 0
+    status = lab.cli("status", "u", "--json").json()
+    assert (status["status"], status["model_calls"], status["model_calls_saved"]) == ("done", 2, 0)
 
 
 @pytest.mark.parametrize(

@@ -82,6 +82,7 @@ def test_official_ollama_client_reads_the_fake(server: FakeModelServer) -> None:
     assert server.count("/api/chat") == 2
 
 
+@pytest.mark.slow
 def test_official_openai_client_reads_the_fake(server: FakeModelServer) -> None:
     import openai
 

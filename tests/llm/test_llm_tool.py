@@ -43,6 +43,7 @@ def setup(lab: Lab) -> None:
 
 
 @pytest.mark.parametrize("engine", ["ollama", "openai"])
+@pytest.mark.slow
 def test_llm_step_output_and_request(lab: Lab, engine: str) -> None:
     setup(lab)
     with fake_model_server(Turn(text=ANSWER, input_tokens=40, output_tokens=8)) as fake:
@@ -65,6 +66,7 @@ def test_llm_step_output_and_request(lab: Lab, engine: str) -> None:
     ("point", "requests"),
     [("before_effect", 1), ("after_effect", 2), ("after_commit", 1)],
 )
+@pytest.mark.slow
 def test_a_committed_model_call_is_never_asked_again(lab: Lab, point: str, requests: int) -> None:
     """A call killed before its ``done`` commit is asked again (at-least-once:
     ``after_effect`` is the negative control that shows the kill lands after the
@@ -84,6 +86,7 @@ def test_a_committed_model_call_is_never_asked_again(lab: Lab, point: str, reque
 
 
 @pytest.mark.parametrize("fault", ["http500", "garbage", "die"])
+@pytest.mark.slow
 def test_a_failed_exchange_is_a_step_error_then_a_failed_task(lab: Lab, fault: str) -> None:
     setup(lab)
     with fake_model_server(fault) as fake:
@@ -97,6 +100,7 @@ def test_a_failed_exchange_is_a_step_error_then_a_failed_task(lab: Lab, fault: s
     assert lab.cli("verify", "t").returncode == 0
 
 
+@pytest.mark.slow
 def test_the_api_key_is_stored_and_printed_nowhere(lab: Lab) -> None:
     setup(lab)
     outputs = []

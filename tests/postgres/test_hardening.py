@@ -79,6 +79,7 @@ def fleet(lab: Lab) -> Iterator[Fleet]:
 # -- A: a tool missing on this host ----------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_tool_missing_here_is_refused_before_anything_is_written(lab: Lab) -> None:
     with ninelives.open(url(lab), settings=in_lab(lab), tools=with_tools(shout=shout)) as rt:
         rt.create("t", SHOUT_PLAN)
@@ -127,6 +128,7 @@ DAMAGE = {
 }
 
 
+@pytest.mark.slow
 def test_a_fleet_runs_every_task_but_the_damaged_ones(fleet: Fleet) -> None:
     lab = fleet.lab
     plan = plan_from_dict(GUIDE_PLAN)
@@ -166,6 +168,7 @@ def test_a_fleet_runs_every_task_but_the_damaged_ones(fleet: Fleet) -> None:
 
 
 @pytest.mark.parametrize("kind", sorted(DAMAGE))
+@pytest.mark.slow
 def test_status_export_verify_report_a_damaged_task_without_a_traceback(
     lab: Lab, kind: str
 ) -> None:
@@ -260,6 +263,7 @@ def test_nul_and_odd_text_in_an_output_round_trip(lab: Lab) -> None:
     assert json.loads(status.stdout)["steps"][0]["output"]["text"] == text
 
 
+@pytest.mark.slow
 def test_status_prints_standard_json_for_a_row_written_before_nan_was_refused(
     lab: Lab,
 ) -> None:
@@ -298,6 +302,7 @@ def test_a_plan_number_out_of_range_is_refused(lab: Lab, step_input: dict[str, A
 
 
 @pytest.mark.parametrize("limit", [None, "2", "0"])
+@pytest.mark.slow
 def test_a_step_that_always_kills_its_process_fails_at_the_recovery_limit(
     lab: Lab, limit: str | None
 ) -> None:
@@ -329,6 +334,7 @@ def test_a_step_that_always_kills_its_process_fails_at_the_recovery_limit(
     assert reason in again.stderr  # the stored reason, not a generic one
 
 
+@pytest.mark.slow
 def test_recovered_steps_below_the_limit_still_finish(lab: Lab) -> None:
     lab.guide_setup()
     assert lab.cli("create", "t", "plan.json").returncode == 0
@@ -341,6 +347,7 @@ def test_recovered_steps_below_the_limit_still_finish(lab: Lab) -> None:
     assert lab.artifacts() == expected_artifacts("t")
 
 
+@pytest.mark.slow
 def test_an_output_over_the_maximum_size_is_a_step_error_not_database_unusable(
     lab: Lab,
 ) -> None:
@@ -408,6 +415,7 @@ def test_sqlite_claims_look_past_the_first_page_of_candidates(tmp_path: Path) ->
             store.close()
 
 
+@pytest.mark.slow
 def test_a_worker_with_70_slots_runs_70_tasks_at_once(sqlite_lab: Lab) -> None:
     lab = sqlite_lab
     lab.guide_setup()

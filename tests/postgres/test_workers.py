@@ -36,6 +36,7 @@ def submit(fleet: Fleet, *task_ids: str) -> None:
 
 
 @pytest.mark.fsync_on
+@pytest.mark.slow
 def test_submit_then_a_worker_drains_the_queue(fleet: Fleet) -> None:
     lab = fleet.lab
     assert lab.cli("submit", "a", "plan.json").returncode == 0
@@ -52,6 +53,7 @@ def test_submit_then_a_worker_drains_the_queue(fleet: Fleet) -> None:
 
 
 @pytest.mark.fsync_on
+@pytest.mark.slow
 def test_a_sigkilled_worker_is_taken_over_after_its_lease(fleet: Fleet, backend: str) -> None:
     submit(fleet, "t")
     doomed = fleet.start(*FAST, AGENT_STEP_DELAY="30")
@@ -203,6 +205,7 @@ def test_four_workers_two_hundred_tasks_random_sigkills(pg_database: str, tmp_pa
         fleet.close()
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_the_step_releases_the_lease_and_exits_0(fleet: Fleet) -> None:
     submit(fleet, "t")
     worker = fleet.start(*FAST, AGENT_STEP_DELAY="1.5")
@@ -250,6 +253,7 @@ def test_grace_expiry_gives_the_step_up(fleet: Fleet) -> None:
     assert [r["task"] for r in worker.actions("abandoned")] == ["t"]
 
 
+@pytest.mark.slow
 def test_concurrency_runs_tasks_side_by_side(fleet: Fleet) -> None:
     tasks = [f"c{i}" for i in range(6)]
     submit(fleet, *tasks)

@@ -50,6 +50,7 @@ def test_the_task_touches_every_kind_of_durable_state(tmp_path: Path) -> None:
     assert ops[first_wal_sync + 1] == "dirsync ."
 
 
+@pytest.mark.slow
 def test_a_cut_at_every_operation_loses_nothing_acknowledged(tmp_path: Path) -> None:
     ops = reference_ops(str(tmp_path / "ref"))
     syncs = sum(op.startswith(("sync", "dirsync")) for op in ops)
@@ -62,6 +63,7 @@ def test_a_cut_at_every_operation_loses_nothing_acknowledged(tmp_path: Path) -> 
     assert report.inflight_kept > 0
 
 
+@pytest.mark.slow
 def test_random_cuts_one_to_three_in_a_row() -> None:
     report = campaign(CI_CUTS, seed=20240601)
     _clean(report)
@@ -84,6 +86,7 @@ def test_a_cut_in_recovery_then_again_in_the_resume(tmp_path: Path) -> None:
 # -- negative controls: each removes one safety; the same checks must fail ---------
 
 
+@pytest.mark.slow
 def test_control_synchronous_normal_loses_acknowledged_commits() -> None:
     # Set on the store's own connection once it is open: the setting really is
     # gone (read back), whatever text the store sends.
@@ -94,6 +97,7 @@ def test_control_synchronous_normal_loses_acknowledged_commits() -> None:
     assert any("synchronous=1" in p for p in report.problems)
 
 
+@pytest.mark.slow
 def test_sqlite_ignoring_its_own_folder_fsync_loses_nothing(tmp_path: Path) -> None:
     """SQLite fsyncs the folder when it creates the WAL but ignores a failure of
     that fsync. With that fsync lost at every cut, the store's own fsync of the
@@ -104,6 +108,7 @@ def test_sqlite_ignoring_its_own_folder_fsync_loses_nothing(tmp_path: Path) -> N
     assert "dirsync ." in ops[: ops.index("sync state.db-wal")]  # the store's, before the commit
 
 
+@pytest.mark.slow
 def test_control_without_the_store_folder_fsync_a_new_database_goes_missing(
     tmp_path: Path,
 ) -> None:
@@ -121,6 +126,7 @@ def test_control_without_the_store_folder_fsync_a_new_database_goes_missing(
     assert sweep(controls=controls, torn_seeds=0).lost_commits > 0
 
 
+@pytest.mark.slow
 def test_control_artifact_without_fsync_comes_back_partial() -> None:
     report = sweep(controls=Controls(drop_artifact_fsync=True), torn_seeds=0)
     assert report.broken_artifacts > 0
@@ -128,11 +134,13 @@ def test_control_artifact_without_fsync_comes_back_partial() -> None:
     assert report.lost_commits == 0  # the database side is untouched
 
 
+@pytest.mark.slow
 def test_control_artifact_without_folder_fsync_goes_missing() -> None:
     report = sweep(controls=Controls(drop_artifact_dirsync=True), torn_seeds=0)
     assert any("artifact_missing" in p for p in report.problems)
 
 
+@pytest.mark.slow
 def test_control_artifact_folder_without_parent_fsync_goes_missing() -> None:
     # The behaviour before make_folder: os.makedirs alone. The folder's name was
     # never synced, so a cut after the `done` commit lost the published file.
@@ -140,6 +148,7 @@ def test_control_artifact_folder_without_parent_fsync_goes_missing() -> None:
     assert any("artifact_missing" in p for p in report.problems)
 
 
+@pytest.mark.slow
 def test_control_synchronous_off_corrupts_or_loses() -> None:
     report = sweep(controls=Controls(synchronous="OFF"), torn_seeds=5)
     assert report.lost_commits > 0

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from ninelives.testing.powerloss import Controls, reference_ops, sweep
 
 ALL_BLOBS = Controls(blob_threshold=0)
@@ -22,6 +24,7 @@ def test_every_output_goes_through_the_blob_folder(tmp_path: Path) -> None:
     assert any(op.startswith("write state.db-wal") for op in ops[last_dirsync:])
 
 
+@pytest.mark.slow
 def test_a_cut_at_every_operation_leaves_no_reference_to_a_missing_blob() -> None:
     report = sweep(controls=ALL_BLOBS, torn_seeds=2)
     assert report.problems == ()
@@ -29,6 +32,7 @@ def test_a_cut_at_every_operation_leaves_no_reference_to_a_missing_blob() -> Non
     assert report.cuts > 100
 
 
+@pytest.mark.slow
 def test_control_a_blob_without_fsync_comes_back_damaged() -> None:
     report = sweep(controls=Controls(blob_threshold=0, drop_blob_fsync=True), torn_seeds=0)
     assert report.broken_artifacts > 0, report.problems
@@ -36,6 +40,7 @@ def test_control_a_blob_without_fsync_comes_back_damaged() -> None:
     assert report.lost_commits == 0
 
 
+@pytest.mark.slow
 def test_control_a_blob_without_folder_fsync_goes_missing() -> None:
     report = sweep(controls=Controls(blob_threshold=0, drop_blob_dirsync=True), torn_seeds=0)
     assert any("blob:" in p and "is missing" in p for p in report.problems), report.problems

@@ -34,18 +34,21 @@ def _clean(report: PowerLossReport) -> None:
     assert counts == (0, 0, 0, 0)
 
 
+@pytest.mark.slow
 def test_a_cut_at_every_operation_with_group_commit_loses_nothing_acknowledged() -> None:
     report = sweep(controls=GROUP, torn_seeds=1)
     _clean(report)
     assert report.cuts > 50
 
 
+@pytest.mark.slow
 def test_random_cuts_with_group_commit_lose_nothing_acknowledged() -> None:
     report = campaign(60, seed=13, controls=GROUP)
     _clean(report)
     assert report.cuts >= 60
 
 
+@pytest.mark.slow
 def test_control_group_commit_with_synchronous_normal_loses_acknowledged_commits() -> None:
     """The checks bite with group commit on: the committing connection without
     ``synchronous=FULL`` loses commits its callers were told about."""
@@ -71,6 +74,7 @@ def test_the_run_writes_through_the_group_committer(
     assert len(grouped) >= 6  # the claim, then start and finish of each of 3 steps
 
 
+@pytest.mark.slow
 def test_control_writes_released_before_their_commit_lose_acknowledged_commits() -> None:
     """The harness counts a write acknowledged where its caller sees it: a
     committer that releases each write before the COMMIT holding it (its

@@ -40,6 +40,7 @@ def _replay_hint(result: SeedResult, config: SimConfig) -> str:
     )
 
 
+@pytest.mark.slow
 def test_thousands_of_seeds_keep_every_guarantee(folder: str) -> None:
     config = SimConfig()
     report = run_seeds(range(BASE, BASE + SEEDS), folder, config)
@@ -60,6 +61,7 @@ def test_thousands_of_seeds_keep_every_guarantee(folder: str) -> None:
     assert report.failed > 0  # some tasks exhaust their attempts: that path is checked too
 
 
+@pytest.mark.slow
 def test_a_seed_replays_exactly(folder: str) -> None:
     busy = [r for r in (run_seed(s, folder) for s in range(40)) if len(r.crashes) >= 4]
     assert len(busy) >= 3
@@ -71,6 +73,7 @@ def test_a_seed_replays_exactly(folder: str) -> None:
     ("bug", "finding"),
     [("unsafe_effect", "delivered"), ("silent_reset", "journal: step")],
 )
+@pytest.mark.slow
 def test_negative_control_a_planted_bug_is_found(folder: str, bug: str, finding: str) -> None:
     config = SimConfig(bug=bug)
     report = run_seeds(range(200), folder, config)

@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from ninelives.errors import ToolError
 from ninelives.settings import Settings
 from ninelives.tools.builtin import make_fetch
@@ -72,6 +74,7 @@ def _race(tmp_path: Path, read: object, *, until_leak: bool, tries: int) -> tupl
     return leaks, reads
 
 
+@pytest.mark.slow
 def test_fetch_never_reads_through_a_swapped_folder(tmp_path: Path) -> None:
     def read(root: str, path: str) -> str:
         tool = make_fetch(Settings(workspace=root))

@@ -164,6 +164,7 @@ def resume_every_task(lab: Lab, version: int, info: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.slow
 def test_a_fixture_opens_resumes_and_verifies(sqlite_lab: Lab, version: int) -> None:
     lab = sqlite_lab
     lab.guide_setup()

@@ -48,6 +48,7 @@ def refused_untouched(lab: Lab, state: Any) -> None:
         assert state() == before, f"{args} changed the newer database"
 
 
+@pytest.mark.slow
 def test_sqlite_newer_schema_is_refused_untouched(sqlite_lab: Lab) -> None:
     lab = sqlite_lab
     lab.guide_setup()
