@@ -102,3 +102,29 @@ async def atriage(ctx: Any, ticket: str) -> dict[str, Any]:
     summary = await ctx.step("summarize", first_line, t["text"])
     note = await apost("summary: " + summary)
     return {"ticket": ticket, "summary": summary, "note": note["posted"]}
+
+
+@ninelives.workflow("gated")
+def gated(ctx: Any, ticket: str) -> dict[str, Any]:
+    t = ctx.step("read", read_ticket, ticket)
+    decision = ctx.approval("review", prompt=f"post a note for {ticket}?")
+    note = post_note("approved: " + t["text"])
+    return {"decision": decision, "note": note["posted"]}
+
+
+@ninelives.workflow("napping")
+def napping(ctx: Any, seconds: float) -> dict[str, Any]:
+    start = ctx.now()
+    ctx.sleep(seconds)
+    woke = ctx.now()
+    note = post_note("woke")
+    return {"slept": woke - start, "note": note["posted"], "id": ctx.uuid(), "r": ctx.random()}
+
+
+@ninelives.workflow("anapping")
+async def anapping(ctx: Any, seconds: float) -> dict[str, Any]:
+    start = await ctx.now()
+    await ctx.sleep(seconds)
+    decision = await ctx.approval("review")
+    woke = await ctx.now()
+    return {"slept": woke - start, "decision": decision}
