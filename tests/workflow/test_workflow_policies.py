@@ -234,3 +234,16 @@ def test_bad_arguments_are_refused_at_create_and_nothing_is_stored(flow_lab: Lab
         assert refused.returncode == 4, (args, refused.stderr)
         assert len(refused.stderr.strip().splitlines()) == 1, (args, refused.stderr)
         assert lab.fingerprint("seed") == before, args
+
+
+def test_a_run_without_the_workflow_module_is_refused_before_the_claim(flow_lab: Lab) -> None:
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", "retrying").returncode == 0
+    before = lab.fingerprint("t")
+    refused = lab.cli("run", "t", NINELIVES_TOOLS="")
+    assert refused.returncode == 4
+    assert "unknown workflow 'retrying'" in refused.stderr
+    assert "nothing written" in refused.stderr
+    after = lab.fingerprint("t")
+    after["files"] = {k: v for k, v in after["files"].items() if ".locks" not in k}
+    assert after == before

@@ -128,3 +128,39 @@ async def anapping(ctx: Any, seconds: float) -> dict[str, Any]:
     decision = await ctx.approval("review")
     woke = await ctx.now()
     return {"slept": woke - start, "decision": decision}
+
+
+def big(n: int) -> str:
+    _log(f"big {n}")
+    return "x" * n
+
+
+@ninelives.workflow("blobby")
+def blobby(ctx: Any, n: int) -> dict[str, Any]:
+    value = ctx.step("big", big, n)
+    note = post_note(f"len {len(value)}")
+    return {"len": len(value), "note": note["posted"]}
+
+
+@ninelives.workflow("recurse")
+def recurse(ctx: Any, n: int) -> Any:
+    ctx.step("s", first_line, f"{n}")
+    return recurse.call(ctx, n + 1)
+
+
+@ninelives.workflow("threaded")
+def threaded(ctx: Any) -> dict[str, Any]:
+    import threading
+
+    errors: list[str] = []
+
+    def other() -> None:
+        try:
+            ctx.step("t", first_line, "a")
+        except Exception as exc:
+            errors.append(str(exc))
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    return {"errors": errors}
