@@ -98,3 +98,18 @@ def test_report_doctor_verify_and_the_web_view_read_workflow_tasks(flow_lab: Lab
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+@pytest.mark.parametrize("flow", ["slowpoke", "dozing"])
+def test_a_cancel_during_a_step_or_a_sleep_stops_the_run_before_the_next_step(
+    flow_lab: Lab, flow: str
+) -> None:
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", flow, "--args", "[1.5]").returncode == 0
+    proc = lab.spawn("run", "t")
+    lab.wait_for("t", "step_appended", 0)
+    assert lab.cli("cancel", "t").returncode == 0
+    assert proc.wait(timeout=60) == 9
+    assert not (lab.root / "outcome").exists()  # the step after it never ran
+    assert lab.cli("status", "t", "--json").json()["status"] == "cancelled"
+    assert lab.cli("verify", "t").returncode == 0

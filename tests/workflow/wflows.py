@@ -164,3 +164,24 @@ def threaded(ctx: Any) -> dict[str, Any]:
     thread.start()
     thread.join()
     return {"errors": errors}
+
+
+def dawdle(seconds: float) -> float:
+    import time
+
+    time.sleep(seconds)
+    return seconds
+
+
+@ninelives.workflow("slowpoke")
+def slowpoke(ctx: Any, seconds: float) -> dict[str, Any]:
+    ctx.step("dawdle", dawdle, seconds)
+    note = post_note("after the wait")
+    return {"note": note["posted"]}
+
+
+@ninelives.workflow("dozing")
+def dozing(ctx: Any, seconds: float) -> dict[str, Any]:
+    ctx.sleep(seconds)
+    note = post_note("after the sleep")
+    return {"note": note["posted"]}
