@@ -365,7 +365,8 @@ def _workflow_task(args: argparse.Namespace) -> tuple[Any, list[Any], dict[str, 
 
     if args.plan_file is not None:
         raise InputError(
-            f"give either a PLAN_FILE or --workflow, not both (see 'ninelives {args.command} --help')"
+            f"give either a PLAN_FILE or --workflow, not both "
+            f"(see 'ninelives {args.command} --help')"
         )
     flow = lookup(args.workflow)
     positional, keywords = parse_arguments(args.args if args.args is not None else "[]")
