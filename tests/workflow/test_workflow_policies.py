@@ -50,6 +50,17 @@ def slow():
     time.sleep(30)
 
 
+@ninelives.step(on_unknown="refuse")
+def charge(n):
+    log(f"charge {n}")
+    return {"charged": n}
+
+
+@ninelives.workflow
+def pay(ctx, n):
+    return {"got": charge(n)}
+
+
 @ninelives.workflow
 def retrying(ctx):
     first = ctx.step("first", log, "first")
@@ -247,3 +258,21 @@ def test_a_run_without_the_workflow_module_is_refused_before_the_claim(flow_lab:
     after = lab.fingerprint("t")
     after["files"] = {k: v for k, v in after["files"].items() if ".locks" not in k}
     assert after == before
+
+
+@pytest.mark.parametrize("decision", ["--done", "--retry"])
+def test_a_refuse_step_left_running_blocks_until_resolved(flow_lab: Lab, decision: str) -> None:
+    lab = flow_lab
+    assert lab.cli("create", "p", "--workflow", "pay", "--args", "[5]").returncode == 0
+    assert lab.cli("run", "p", AGENT_CRASH_AT="after_effect:0").returncode == -9
+    blocked = lab.cli("run", "p")
+    assert blocked.returncode == 8
+    assert "ninelives resolve p 0" in blocked.stderr
+    given = ["--done", '{"value": {"charged": 5}}'] if decision == "--done" else ["--retry"]
+    assert lab.cli("resolve", "p", "0", *given).returncode == 0
+    done = lab.cli("run", "p")
+    assert done.returncode == 0, done.stderr
+    assert lab.cli("status", "p", "--json").json()["result"] == {"got": {"charged": 5}}
+    ran = 1 if decision == "--done" else 2
+    assert _calls(lab) == ["charge 5"] * ran  # resolved done: not called again
+    assert lab.cli("verify", "p").returncode == 0
