@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import crashpoints
@@ -32,6 +33,7 @@ from .blobs import escape, needs_escape
 from .durable import ACTIVE, CURRENT, StepFunction, Workflow, WorkflowSpec, lookup, spec_of
 from .errors import (
     CommitUnknown,
+    NineLivesError,
     PlanError,
     StepFailed,
     TaskFailed,
@@ -96,10 +98,50 @@ class WorkflowContext:
     def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` as the task's next durable step ``name``
         and return its value (from the journal when it is done already)."""
-        step, attempt = self._enter(name, fn, args, kwargs)
-        if attempt is None:
-            return value_of(step.output)
-        return self._attempts(step, attempt, _caller(fn, args, kwargs), _policy_of(fn))
+        with self.guard():
+            step, attempt = self._enter(name, fn, args, kwargs)
+            if attempt is None:
+                return value_of(step.output)
+            return self._attempts(step, attempt, _caller(fn, args, kwargs), _policy_of(fn))
+
+    @contextmanager
+    def guard(self) -> Iterator[None]:
+        """Keep what ends the run (the runtime's own errors: cancelled, parked,
+        lease lost, a failed step) on the context: a workflow that catches it
+        and goes on is stopped at its next call, or at its return."""
+        try:
+            yield
+        except (NineLivesError, StepTimeout) as exc:
+            if self.dead is None and not isinstance(exc, PlanError):
+                self.dead = exc
+            raise
+
+    def approval(self, name: str, prompt: str = "") -> Any:
+        """A durable approval step: the task waits (``run`` exits 8) until
+        ``ninelives approve TASK STEP``; approved, ``{"approved": true, "note": ...}``;
+        rejected, the task fails as a plan's approval does."""
+        with self.guard():
+            if not isinstance(prompt, str):
+                raise PlanError("ctx.approval's prompt must be a string")
+            given = {"prompt": prompt}
+            step, attempt = self._enter(name, None, (), {}, given=given, delay=0.0, start=False)
+            if attempt is None:
+                return step.output
+            from .parking import wait_for_approval
+
+            assert self._rt is not None
+            assert self._run is not None
+            raise wait_for_approval(self._rt, self._run, step)
+
+    def sleep(self, seconds: float) -> None:
+        """A durable timer: the task's next step is not run before ``seconds`` have
+        passed since the first run reached this call (a kill does not shorten it;
+        a worker's slot does not wait it out: the task is released until due)."""
+        with self.guard():
+            wait = _seconds(seconds)
+            step, attempt = self._enter("ctx.sleep", None, (wait,), {}, delay=wait)
+            if attempt is not None:
+                self._attempts(step, attempt, lambda: wait, {})
 
     def now(self) -> float:
         """The time (epoch seconds), taken once as a step and replayed."""
@@ -128,7 +170,15 @@ class WorkflowContext:
             raise PlanError("ctx.step was called inside a step: steps do not nest")
 
     def _enter(
-        self, name: str, fn: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+        self,
+        name: str,
+        fn: Any,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        *,
+        given: dict[str, Any] | None = None,
+        delay: float | None = None,
+        start: bool = True,
     ) -> tuple[Step, int | None]:
         """Step k for a call of ``name``: ``(stored step, None)`` when done, else the
         step record and the attempt committed running now. Raises WorkflowDiverged."""
@@ -145,7 +195,11 @@ class WorkflowContext:
         if self._rt is None or self._run is None:
             self._release()  # replay-check: what follows is new work, not a divergence
         if stored is None:
-            return self._append(idx, name, fn, args, kwargs)
+            stored, attempt = self._append(idx, name, fn, args, kwargs, given, delay)
+            if stored.status is StepStatus.RUNNING:
+                return stored, attempt
+        if not start:
+            return stored, 0  # an approval: parked, never started
         return self._resume(stored, fn)
 
     def _release(self) -> NoReturn:
@@ -168,22 +222,31 @@ class WorkflowContext:
         raise self.dead
 
     def _append(
-        self, idx: int, name: str, fn: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
-    ) -> tuple[Step, int | None]:
+        self,
+        idx: int,
+        name: str,
+        fn: Any,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        given: dict[str, Any] | None,
+        delay: float | None,
+    ) -> tuple[Step, int]:
         assert self._rt is not None
         assert self._run is not None
-        given = _input(args, kwargs)
+        given = _input(args, kwargs) if given is None else given
         policy = {"on_unknown": "rerun", **_policy_of(fn)}
         if self._stop is not None and self._stop():
             self._release()
         attempt = 1
-        if not self._unsafe_late:
+        if not self._unsafe_late or delay is not None:
             attempt = self._rt.store.append_step(
-                self._run, idx, name, dumps(given), policy=dumps(policy)
+                self._run, idx, name, dumps(given), policy=dumps(policy), delay=delay
             )
+        status = StepStatus.RUNNING if delay is None else StepStatus.PENDING
+        not_before = time.time() + delay if delay is not None else None
         step = Step(
-            task_id=self.task_id, idx=idx, tool=name, input=given, status=StepStatus.RUNNING,
-            output=None, attempts=attempt, policy=policy,
+            task_id=self.task_id, idx=idx, tool=name, input=given, status=status,
+            output=None, attempts=attempt, policy=policy, not_before=not_before,
         )  # fmt: skip
         self._steps[idx] = step
         return step, attempt
@@ -334,6 +397,15 @@ class WorkflowContext:
         self._rt.store.finish_task(self._run, result=encoded)
 
 
+def _seconds(value: Any) -> float:
+    """``ctx.sleep``'s seconds: a number from 0 to a year, else :class:`PlanError`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PlanError(f"ctx.sleep needs a number of seconds, got {value!r}")
+    if not 0 <= value <= 31_536_000:  # also refuses NaN
+        raise PlanError(f"ctx.sleep needs 0 to 31536000 seconds, got {value!r}")
+    return float(value)
+
+
 def _unsafe(name: str, url: str) -> bool:
     """TEST-ONLY switches of the negative controls, thrown as the store's
     (:func:`ninelives.store.fencing_disabled`): ``name`` must hold exactly
@@ -431,8 +503,6 @@ def call(flow: Workflow, ctx: WorkflowContext, spec: WorkflowSpec) -> Any:
     except Exception as exc:
         if ctx.dead is not None:
             raise ctx.dead from None
-        from .errors import NineLivesError
-
         if isinstance(exc, NineLivesError) and not isinstance(exc, PlanError):
             raise  # the runtime's own (cancelled, parked, lease lost): as for a plan
         raise WorkflowError(

@@ -74,7 +74,8 @@ def test_replay_check_all_names_each_diverged_task_once(flow_lab: Lab) -> None:
     lab = flow_lab
     _halfway(lab, "a")
     _halfway(lab, "b")
-    assert lab.cli("--tools", "wflows", "create", "c", "--workflow", "probed").returncode == 0
+    made = lab.cli("--tools", "wflows", "create", "c", "--workflow", "probed", "--args", '["T"]')
+    assert made.returncode == 0, made.stderr
     assert lab.cli("create", "plain", str(lab.guide_setup())).returncode == 0
     done = lab.cli("--tools", "wflows", "create", "d", "--workflow", "triage", "--args", '["T"]')
     assert done.returncode == 0

@@ -136,3 +136,35 @@ def test_negative_control_a_step_without_its_running_commit_is_called_twice(
     assert lab.cli("run", "p", AGENT_CRASH_AT="after_effect:1", **switch).returncode == -9
     assert lab.cli("run", "p", **switch).returncode == 0
     assert calls(lab) == ["read T", "post p-1", "post p-1"]  # the duplicate the check notices
+
+
+@pytest.mark.parametrize("point", ["blob_before_reference:0", "after_effect:0", "after_commit:0"])
+def test_a_large_output_is_a_blob_and_survives_a_kill(flow_lab: Lab, point: str) -> None:
+    lab = flow_lab
+    env = {"NINELIVES_BLOB_THRESHOLD": "1024"}
+    assert lab.cli("create", "b", "--workflow", "blobby", "--args", "[100000]").returncode == 0
+    assert lab.cli("run", "b", AGENT_CRASH_AT=point, **env).returncode == -9
+    done = lab.cli("run", "b", **env)
+    assert done.returncode == 0, done.stderr
+    status = lab.cli("status", "b", "--json", "--outputs").json()
+    assert status["result"] == {"len": 100000, "note": "len 100000"}
+    assert "output_blob" in status["steps"][0]
+    assert outcomes(lab) == {"b-1": "len 100000"}
+    assert lab.cli("verify", "b").returncode == 0
+
+
+def test_hostile_workflows_end_with_one_line_and_verify(flow_lab: Lab) -> None:
+    lab = flow_lab
+    assert lab.cli("create", "r", "--workflow", "recurse", "--args", "[0]").returncode == 0
+    stopped = lab.cli("run", "r")
+    assert stopped.returncode == 12  # recursion without end: stopped, not a traceback
+    assert "Traceback" not in stopped.stderr
+    assert "RecursionError" in stopped.stderr.splitlines()[-1]
+    assert lab.cli("create", "t", "--workflow", "threaded").returncode == 0
+    assert lab.cli("run", "t").returncode == 0
+    result = lab.cli("status", "t", "--json").json()
+    assert result["result"] == {
+        "errors": ["ctx.step was called from another thread: call steps from the workflow"]
+    }
+    assert result["steps"] == []  # the thread's call wrote nothing
+    assert lab.cli("verify", "--all").returncode == 0
