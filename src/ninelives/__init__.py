@@ -32,6 +32,7 @@ from .errors import (
     PlanError,
     PlanMismatch,
     PlanTampered,
+    StepFailed,
     StoreError,
     TaskBlocked,
     TaskBusy,
@@ -44,10 +45,13 @@ from .errors import (
     ToolError,
     UnknownTask,
     VerificationFailed,
+    WorkflowDiverged,
+    WorkflowError,
 )
 from .models import Event, EventKind, Run, Step, StepStatus, Task, TaskStatus
 
 if TYPE_CHECKING:
+    from .durable import current_step, step, workflow
     from .runtime import Runtime
     from .tools import ToolContext, tool
 
@@ -73,6 +77,7 @@ __all__ = [
     "Run",
     "Runtime",
     "Step",
+    "StepFailed",
     "StepStatus",
     "StoreError",
     "Task",
@@ -89,9 +94,14 @@ __all__ = [
     "ToolError",
     "UnknownTask",
     "VerificationFailed",
+    "WorkflowDiverged",
+    "WorkflowError",
     "__version__",
+    "current_step",
     "open",
+    "step",
     "tool",
+    "workflow",
 ]
 
 
@@ -111,6 +121,10 @@ def __getattr__(name: str) -> Any:
         from .runtime import Runtime
 
         return Runtime
+    if name in ("workflow", "step", "current_step"):
+        from . import durable
+
+        return getattr(durable, name)
     if name in ("tool", "ToolContext"):
         from . import tools
 

@@ -30,6 +30,7 @@ from .errors import (
     TasksLeft,
     UnknownTask,
     VerificationFailed,
+    WorkflowError,
 )
 
 #: Exit code per error branch; the first matching class wins (subclasses first).
@@ -45,6 +46,7 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (TaskCancelled, 9),
     (TasksLeft, 11),
     (OutputFailed, 10),
+    (WorkflowError, 12),
     (NineLivesError, 5),
 )
 EXIT_INTERRUPTED = 130
@@ -60,6 +62,7 @@ EPILOG = """exit codes:
                                        9  the task was cancelled
                                       10  output could not be written (full disk, closed stdout)
                                       11  worker --drain left tasks it could not run (named)
+                                      12  a workflow's code no longer matches the task's journal
                                      130  interrupted
 
 example:
@@ -325,21 +328,44 @@ def cmd_create(args: argparse.Namespace) -> int:
     from .tools.builtin import default_registry
 
     settings = _settings(args)
-    tools = default_registry(settings)
+    tools = default_registry(settings)  # imports the --tools modules: their workflows too
     # Id, plan and queue are checked before the database is opened: bad input
     # must not leave a new database file behind.
-    plan = prepare(args.task_id, args.plan_file, tools)
+    if args.workflow is not None:
+        made = _workflow_task(args)
+    elif args.plan_file is None or args.args is not None:
+        raise InputError("give a PLAN_FILE, or --workflow NAME [--args JSON]")
+    else:
+        made = (prepare(args.task_id, args.plan_file, tools), [], {})
     queue = check_queue(_queue(args)) if args.enqueue or args.queue is not None else None
     with open_runtime(args.db, settings=settings, tools=tools) as rt:
-        task = rt.create(args.task_id, plan, queue=queue)
+        plan, positional, keywords = made
+        task = rt.create(args.task_id, plan, *positional, queue=queue, **keywords)
     where = f" in queue {queue!r}" if queue else ""
     try:
-        _out(f"created task {task.id!r} with {_plural(len(task.steps), 'step')}{where}")
+        what = (
+            f"workflow {args.workflow!r}"
+            if args.workflow is not None
+            else _plural(len(task.steps), "step")
+        )
+        _out(f"created task {task.id!r} with {what}{where}")
         _flush()
     except OutputFailed as exc:
         # The task is stored: saying only "error" would invite a second create.
         raise OutputFailed(f"task {task.id!r} was stored, but {exc}") from None
     return 0
+
+
+def _workflow_task(args: argparse.Namespace) -> tuple[Any, list[Any], dict[str, Any]]:
+    """``create --workflow NAME --args JSON``: the workflow and its arguments, checked."""
+    from .durable import lookup, parse_arguments, prepare
+
+    if args.plan_file is not None:
+        raise InputError("give either a PLAN_FILE or --workflow, not both")
+    flow = lookup(args.workflow)
+    positional, keywords = parse_arguments(args.args if args.args is not None else "[]")
+    prepare(args.task_id, flow, positional, keywords)
+    return flow, positional, keywords
 
 
 def _queue(args: argparse.Namespace) -> str:
@@ -404,9 +430,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         # Only a task that calls models gets the cost keys: the guide's tasks
         # keep exactly the contract's four.
         usage = model_usage(task, store.events(task.id)) if as_json and calls_models(task) else {}
+        flow = _workflow_view(store, task)
     if as_json:
         view = task.as_status()
         view.update(usage)
+        view.update(flow)
         for row, step in zip(view["steps"], task.steps, strict=True):
             # Keys only when set: a task without policies keeps the contract's shape.
             if step.progress is not None:
@@ -419,7 +447,10 @@ def cmd_status(args: argparse.Namespace) -> int:
                     row["output_blob"] = step.output_blob
         _out(json_line(view))
         return 0
-    _out(printable(f"task {task.id}: {task.status.value}  ({task.goal})"))
+    goal = f"workflow {flow['workflow']}" if flow else task.goal
+    _out(printable(f"task {task.id}: {task.status.value}  ({goal})"))
+    if "result" in flow:
+        _out(printable(f"  result: {_elide(json_line(flow['result']))}"))
     for step in task.steps:
         tool = printable(step.tool)
         _out(f"  {step.idx:>3}  {tool:<16} {step.status.value:<8} attempts={step.attempts}")
@@ -431,6 +462,24 @@ def cmd_status(args: argparse.Namespace) -> int:
             for key, value in step.output.items():
                 _out(printable(f"         {key}: {_elide(json_line(value))}"))
     return 0
+
+
+def _workflow_view(store: Any, task: Any) -> dict[str, Any]:
+    """``status --json``'s keys of a workflow task: ``workflow``, ``version``, ``args``,
+    ``kwargs`` and, once done, ``result``; nothing for a plan's task."""
+    from .durable import spec_of
+    from .models import TaskStatus
+
+    spec = spec_of(task.goal)
+    if spec is None:
+        return {}
+    view: dict[str, Any] = {
+        "workflow": spec.name, "version": spec.version, "args": spec.args, "kwargs": spec.kwargs,
+    }  # fmt: skip
+    if task.status is TaskStatus.DONE:
+        done = [e for e in store.events(task.id) if e.kind == "task_done"]
+        view["result"] = done[-1].data.get("result") if done else None
+    return view
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -539,16 +588,29 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _workflow_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--workflow", metavar="NAME",
+        help="a workflow (defined in a --tools module) instead of a PLAN_FILE",
+    )  # fmt: skip
+    p.add_argument(
+        "--args", metavar="JSON",
+        help="the workflow's arguments: an array (positional) or object (keyword); default []",
+    )  # fmt: skip
+
+
 def _create_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("task_id", metavar="TASK_ID")
-    p.add_argument("plan_file", metavar="PLAN_FILE")
+    p.add_argument("plan_file", metavar="PLAN_FILE", nargs="?")
+    _workflow_args(p)
     p.add_argument("--enqueue", action="store_true", help="also put it where workers find it")
     p.add_argument("--queue", metavar="NAME", help=QUEUE_HELP + "; implies --enqueue")
 
 
 def _submit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("task_id", metavar="TASK_ID")
-    p.add_argument("plan_file", metavar="PLAN_FILE")
+    p.add_argument("plan_file", metavar="PLAN_FILE", nargs="?")
+    _workflow_args(p)
     p.add_argument("--queue", metavar="NAME", help=QUEUE_HELP)
 
 

@@ -13,6 +13,7 @@ the CLI maps each branch to one exit code in one place (``cli.EXIT_CODES``)::
     ├── TaskBusy                   another live runner holds the task
     │   └── LeaseLost              this runner's claim was taken over (fenced)
     ├── TaskFailed                 a step reached the attempt limit
+    │   └── StepFailed             ... a workflow's step (raised out of ctx.step)
     ├── TaskParked                 the task waits for a person (exit 8)
     │   ├── TaskBlocked            a step's outcome is unknown: ninelives resolve
     │   └── TaskWaiting            an approval step: ninelives approve
@@ -27,6 +28,8 @@ the CLI maps each branch to one exit code in one place (``cli.EXIT_CODES``)::
     │   ├── OutputRefused          a tool's output cannot be stored (recorded as step_error)
     │   └── PermanentError         raised by a tool: fail the task now, no more attempts
     ├── TasksLeft                  a drained worker left tasks it could not run
+    ├── WorkflowError              a workflow's code cannot carry its task on (exit 12)
+    │   └── WorkflowDiverged       the code no longer matches the task's journal
     ├── VerificationFailed         verify or torture found a broken guarantee
     └── OutputFailed               the command's own output could not be written
 
@@ -79,6 +82,13 @@ class LeaseLost(TaskBusy):
 
 class TaskFailed(NineLivesError):
     """A step reached the attempt limit; the task is ``failed``."""
+
+
+class StepFailed(TaskFailed):
+    """A workflow's step used up its attempts (or raised :class:`PermanentError`):
+    the task is failed already when ``ctx.step`` raises this. A workflow may catch
+    it only to clean up in memory; the task stays failed whatever it does next
+    (a later step call raises it again), until ``ninelives retry``."""
 
 
 class TaskParked(NineLivesError):
@@ -178,6 +188,18 @@ class OutputRefused(ToolError):
 class TasksLeft(NineLivesError):
     """``worker --drain`` ran everything it could, but left tasks it could not run
     (a tool missing on this host, a damaged task), each named; exit code 11."""
+
+
+class WorkflowError(NineLivesError):
+    """A workflow's code cannot carry its task on (exit 12), nothing written for it:
+    it raised outside a step, or returned a value that cannot be stored."""
+
+
+class WorkflowDiverged(WorkflowError):
+    """A workflow's code calls, at step k, another name than the task's journal
+    holds, or returns while the journal holds more steps (exit 12). Nothing was
+    written: the task is left as it was, for the code that matches it. Once
+    raised in a run it stands even if the workflow catches it."""
 
 
 class VerificationFailed(NineLivesError):

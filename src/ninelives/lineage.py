@@ -177,12 +177,17 @@ def appended_turns(rows: Iterable[tuple[int | None, str | None]]) -> dict[int, i
 
 
 def appended_digest(
-    stored: str | None, start: int, append: Iterable[tuple[str, str]]
+    stored: str | None,
+    start: int,
+    append: Iterable[tuple[str, str]],
+    policy: str | None = None,
 ) -> str | None:
-    """A task's digest once ``append`` (``(tool, input JSON)``, no policy) is added at
-    ``start``; None when the task has none (older versions)."""
+    """A task's digest once ``append`` (``(tool, input JSON)``) is added at ``start``,
+    each with ``policy`` (JSON; an agent's calls have none, a workflow's one step
+    its own); None when the task has none (older versions)."""
     import json
 
     if stored is None:
         return None
-    return extend_digest(stored, start, ((tool, json.loads(given), None) for tool, given in append))
+    rule = json.loads(policy) if policy is not None else None
+    return extend_digest(stored, start, ((tool, json.loads(given), rule) for tool, given in append))

@@ -19,6 +19,15 @@ from .errors import DamagedTask
 AGENT_TOOL = "agent"
 #: The built-in tool of a step that waits for a person (see :mod:`ninelives.parking`).
 APPROVAL_TOOL = "approval"
+#: How a workflow task's goal begins: the rest is the canonical JSON of its
+#: workflow name, version and arguments (see :mod:`ninelives.workflow`), so the
+#: plan digest covers them and every reader gets them with the task row.
+WORKFLOW_GOAL = "workflow:"
+
+
+def is_workflow(goal: str) -> bool:
+    """Whether a task of this goal is a workflow's (its steps come from code)."""
+    return goal.startswith(WORKFLOW_GOAL)
 
 
 class TaskStatus(str, Enum):

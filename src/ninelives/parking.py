@@ -57,6 +57,9 @@ def modes(tools: Registry) -> Callable[[Step], str]:
     """``on_unknown(step)`` for :meth:`~ninelives.store.Store.begin_run` and ``claim_next``."""
 
     def mode(step: Step) -> str:
+        mode = (step.policy or {}).get("on_unknown")
+        if isinstance(mode, str):  # a workflow's step always says, and has no tool
+            return mode
         return mode_of(step, tools.lookup(step.tool))
 
     return mode

@@ -31,6 +31,7 @@ from .journal import dumps, encode_output, storable
 from .models import (
     AGENT_TOOL,
     APPROVAL_TOOL,
+    WORKFLOW_GOAL,
     Event,
     EventKind,
     Run,
@@ -39,6 +40,7 @@ from .models import (
     StepStatus,
     Task,
     TaskStatus,
+    is_workflow,
 )
 from .policy import Limits, StepTimeout, describe, limits_for, retry_delay
 from .settings import Settings
@@ -46,6 +48,7 @@ from .store import StepNotDue, Store, journal, open_store
 
 if TYPE_CHECKING:
     from .agent import Continuation
+    from .durable import Workflow
     from .plan import Plan
     from .tools import Registry, Tool
 
@@ -98,6 +101,8 @@ def _check_storable(plan: Plan) -> None:
     (``"\\ud800"``), or a NUL in the goal (PostgreSQL text cannot hold one)."""
     try:
         storable(plan.goal, "the goal")
+        if is_workflow(plan.goal):
+            raise ValueError(f"a goal starting with {WORKFLOW_GOAL!r} is kept for workflow tasks")
         if "\x00" in plan.goal:
             raise ValueError("the goal contains a NUL character")
         for i, step in enumerate(plan.steps):
@@ -184,18 +189,23 @@ class Runtime:
     def create(
         self,
         task_id: str,
-        plan: Plan | Mapping[str, Any] | str | os.PathLike[str],
-        *,
+        plan: Plan | Workflow | Mapping[str, Any] | str | os.PathLike[str],
+        *args: Any,
         queue: str | None = None,
+        **kwargs: Any,
     ) -> Task:
         """Validate and store a task with its whole plan; journal ``task_created``.
 
-        ``plan`` is a :class:`Plan`, a dict of plan JSON, or a plan file path.
+        ``plan`` is a :class:`Plan`, a dict of plan JSON, or a plan file path; or a
+        workflow (:func:`ninelives.workflow`) called with ``args`` and ``kwargs``
+        (stored as canonical JSON with the task).
         With ``queue`` the task is enqueued there for ``worker`` processes.
         Raises :class:`~ninelives.errors.InvalidTaskId`, :class:`~ninelives.errors.PlanError`
         or :class:`~ninelives.errors.TaskExists`; none of them changes anything stored.
         """
-        prepared = prepare(task_id, plan, self.tools)
+        return self._store_task(task_id, self._prepare(task_id, plan, args, kwargs), queue)
+
+    def _store_task(self, task_id: str, prepared: Plan, queue: str | None) -> Task:
         if queue is not None:
             check_queue(queue)
         return self.store.create_task(
@@ -205,31 +215,62 @@ class Runtime:
     def submit(
         self,
         task_id: str,
-        plan: Plan | Mapping[str, Any] | str | os.PathLike[str],
-        *,
+        plan: Plan | Workflow | Mapping[str, Any] | str | os.PathLike[str],
+        *args: Any,
         queue: str | None = None,
+        **kwargs: Any,
     ) -> Task:
         """Create the task, or return it if it already exists with the same plan.
 
         Safe to call again after a crash or a restart: the second call returns
         the stored task (done, failed or half-way), ready for :meth:`run`, which
         resumes it. A task of that id with a different goal or steps raises
-        :class:`~ninelives.errors.PlanMismatch`, changing nothing.
+        :class:`~ninelives.errors.PlanMismatch`, changing nothing. A workflow
+        task is the same when its workflow name, version and arguments are.
         """
-        prepared = prepare(task_id, plan, self.tools)
+        prepared = self._prepare(task_id, plan, args, kwargs)
         try:
-            return self.create(task_id, prepared, queue=queue)
+            return self._store_task(task_id, prepared, queue)
         except TaskExists:
             pass
         stored = self.store.get_task(task_id)
         wanted = dumps([prepared.goal, [[s.tool, s.input] for s in prepared.steps]])
         found = dumps([stored.goal, [[s.tool, s.input] for s in stored.steps]])
+        if is_workflow(prepared.goal):  # its steps come from its code, not from create
+            wanted, found = prepared.goal, stored.goal
         if wanted != found:
             raise PlanMismatch(
                 f"task {task_id!r} already exists with a different plan; "
                 "use another task id, or the plan it was created with"
             ) from None
         return stored
+
+    def _prepare(
+        self,
+        task_id: str,
+        plan: Plan | Workflow | Mapping[str, Any] | str | os.PathLike[str],
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+    ) -> Plan:
+        from .durable import Workflow
+        from .durable import prepare as prepare_workflow
+
+        if isinstance(plan, Workflow):
+            return prepare_workflow(task_id, plan, args, kwargs)
+        if args or kwargs:
+            raise PlanError("arguments are given to a workflow, not to a plan")
+        return prepare(task_id, plan, self.tools)
+
+    def result(self, task_id: str) -> Any:
+        """A done workflow task's return value (``task_done``'s ``result``).
+        :class:`UnknownTask` if absent, :class:`InputError` unless it is a done
+        workflow task."""
+        task = self.store.get_task(task_id)
+        if not is_workflow(task.goal):
+            raise InputError(f"task {task_id!r} is not a workflow task: it has no result")
+        if task.status is not TaskStatus.DONE:
+            raise InputError(f"task {task_id!r} is {task.status.value}: it has no result yet")
+        return workflow_result(self.store.events(task_id))
 
     def retry(self, task_id: str, *, step: int | None = None) -> Task:
         """Move a failed task back to ``pending`` so that the next run tries again.
@@ -342,6 +383,19 @@ class Runtime:
         no recovery and no journal event."""
         if task.status not in (TaskStatus.PENDING, TaskStatus.RUNNING):
             return
+        if is_workflow(task.goal):
+            from .durable import lookup, spec_of
+
+            spec = spec_of(task.goal)
+            assert spec is not None
+            _ = self.tools  # imports the --tools / NINELIVES_TOOLS modules: their workflows
+            try:
+                lookup(spec.name)
+            except PlanError as exc:
+                raise PlanError(
+                    f"task {task.id!r} needs {exc}; it was not started (nothing written)"
+                ) from None
+            return
         for step in task.steps:
             if step.status in (StepStatus.PENDING, StepStatus.RUNNING):
                 # An agent's turn needs the tools it may call as well as its own.
@@ -405,6 +459,10 @@ class Runtime:
         try:
             from .parking import after_claim
 
+            if is_workflow(task.goal):  # its code runs the steps; probes when it calls them
+                from .replay import drive
+
+                return drive(self, run, task, stop, max_wait)
             task = after_claim(self, run, task)  # probes; a parked task raises TaskParked
             return self._steps(run, task, stop, max_wait)
         finally:
@@ -694,6 +752,14 @@ class Runtime:
     def _say(self, line: str) -> None:
         if self._log is not None:
             self._log(line)
+
+
+def workflow_result(events: list[Event]) -> Any:
+    """The result a workflow task's ``task_done`` holds (None if there is none)."""
+    for event in reversed(events):
+        if event.kind == EventKind.TASK_DONE.value:
+            return event.data.get("result")
+    return None
 
 
 def _took(seconds: float) -> str:

@@ -180,6 +180,25 @@ class Store(Protocol):
         pending.)"""
         ...
 
+    def append_step(
+        self,
+        run: Run,
+        idx: int,
+        tool: str,
+        given: str,
+        *,
+        policy: str | None = None,
+        tool_version: str | None = None,
+    ) -> int:
+        """Append step ``idx`` (``tool``, input JSON ``given``, policy JSON) at the end
+        of the task and commit it ``running`` (attempt 1) in one transaction:
+        ``step_appended`` (data ``tool``, ``by`` = ``idx``: a workflow's step is
+        appended by its own call) then ``step_started``, and the plan digest
+        carried over it (tool, input and policy). Return the attempt (1).
+        Fenced; :class:`StoreError` (nothing written) unless ``idx`` is the
+        task's step count."""
+        ...
+
     def finish_step(
         self,
         run: Run,
@@ -239,8 +258,10 @@ class Store(Protocol):
         writing nothing; a step not ``running`` is a :class:`StoreError`."""
         ...
 
-    def finish_task(self, run: Run) -> None:
-        """Mark the task ``done`` with ``task_done`` (a run that found no pending step). Fenced."""
+    def finish_task(self, run: Run, *, result: str | None = None) -> None:
+        """Mark the task ``done`` with ``task_done`` (a run that found no pending step,
+        or a workflow that returned: ``result``, its return value's JSON text, is
+        the event's ``result``). Fenced."""
         ...
 
     def end_run(self, run: Run) -> None:

@@ -478,8 +478,20 @@ class PostgresStore(PostgresHousekeeping):
     def checkpoint(self, run: Run, idx: int, progress: str) -> None:
         postgres_steps.checkpoint(self, run, idx, progress)
 
-    def finish_task(self, run: Run) -> None:
-        postgres_steps.finish_task(self, run)
+    def finish_task(self, run: Run, *, result: str | None = None) -> None:
+        postgres_steps.finish_task(self, run, result)
+
+    def append_step(
+        self,
+        run: Run,
+        idx: int,
+        tool: str,
+        given: str,
+        *,
+        policy: str | None = None,
+        tool_version: str | None = None,
+    ) -> int:
+        return postgres_steps.append_step(self, run, idx, tool, given, policy, tool_version)
 
     def end_run(self, run: Run) -> None:
         self._leases.pop(run.run_id, None)

@@ -149,10 +149,16 @@ def settle_error(store: PostgresStore, run: Run, idx: int, error: str) -> None:
 
 
 def extend_plan(
-    store: PostgresStore, conn: Conn, task_id: str, start: int, append: Sequence[tuple[str, str]]
+    store: PostgresStore,
+    conn: Conn,
+    task_id: str,
+    start: int,
+    append: Sequence[tuple[str, str]],
+    policy: str | None = None,
 ) -> None:
-    """In a turn's commit: carry the task's plan digest over the steps it appends."""
+    """In a turn's commit (or a workflow step's start): carry the task's plan
+    digest over the steps it appends."""
     row = store._fetch(conn.execute(Q["plan_sha256"], {"id": task_id}))
-    digest = lineage.appended_digest(row[0] if row else None, start, append)
+    digest = lineage.appended_digest(row[0] if row else None, start, append, policy)
     if digest is not None:
         conn.execute(Q["set_plan_sha256"], {"id": task_id, "plan_sha256": digest})

@@ -209,10 +209,45 @@ def checkpoint(store: PostgresStore, run: Run, idx: int, progress: str) -> None:
     store._after_commit(run, sent)
 
 
-def finish_task(store: PostgresStore, run: Run) -> None:
+def finish_task(store: PostgresStore, run: Run, result: str | None = None) -> None:
     """See :meth:`ninelives.store.Store.finish_task`: one round trip."""
     sent = time.monotonic()
+    data = {"result": json.loads(result)} if result is not None else None
     with store._cancel_aware(run), store._write() as conn:
         store._fence(conn, run, TaskStatus.DONE)
-        store._event(conn, run.task_id, run.run_id, EventKind.TASK_DONE)
+        store._event(conn, run.task_id, run.run_id, EventKind.TASK_DONE, None, data)
     store._after_commit(run, sent)
+
+
+def append_step(
+    store: PostgresStore,
+    run: Run,
+    idx: int,
+    tool: str,
+    given: str,
+    policy: str | None,
+    tool_version: str | None,
+) -> int:
+    """See :meth:`ninelives.store.Store.append_step`: the attempt count and the
+    digest need replies before COMMIT (a round trip more than a start)."""
+    from .postgres_lineage import extend_plan
+
+    sent = time.monotonic()
+    with store._cancel_aware(run), store._write() as conn:
+        store._fence(conn, run, TaskStatus.RUNNING)
+        end = int(store._fetch(conn.execute(Q["next_step_idx"], {"id": run.task_id}))[0])
+        if idx != end:
+            raise StoreError(f"task {run.task_id!r} has {end} steps: step {idx} cannot be appended")
+        params = {"id": run.task_id, "idx": idx, "tool": tool, "input": given, "policy": policy}
+        conn.execute(Q["insert_step"], params)
+        attempt = int(store._fetch(conn.execute(Q["step_running"], params))[0])
+        store._event(
+            conn, run.task_id, run.run_id, EventKind.STEP_APPENDED, idx, {"tool": tool, "by": idx}
+        )
+        extend_plan(store, conn, run.task_id, idx, [(tool, given)], policy)
+        store._event(
+            conn, run.task_id, run.run_id, EventKind.STEP_STARTED, idx,
+            lineage.started_data(tool, attempt, tool_version),
+        )  # fmt: skip
+    store._after_commit(run, sent)
+    return attempt

@@ -765,11 +765,26 @@ class SQLiteStore(SQLiteHousekeepingWrites):
             )  # fmt: skip
             crashpoints.crash("checkpoint_before_commit", idx)
 
-    def finish_task(self, run: Run) -> None:
+    def finish_task(self, run: Run, *, result: str | None = None) -> None:
         now = time.time()
+        data = {"result": json.loads(result)} if result is not None else None
         with self._cancel_aware(run), self._write() as conn:
             self._fence(conn, run, TaskStatus.DONE, now)
-            self._event(conn, run.task_id, run.run_id, EventKind.TASK_DONE, None, None, now)
+            self._event(conn, run.task_id, run.run_id, EventKind.TASK_DONE, None, data, now)
+
+    def append_step(
+        self,
+        run: Run,
+        idx: int,
+        tool: str,
+        given: str,
+        *,
+        policy: str | None = None,
+        tool_version: str | None = None,
+    ) -> int:
+        from .sqlite_lineage import append_step
+
+        return append_step(self, run, idx, tool, given, policy, tool_version)
 
     def end_run(self, run: Run) -> None:
         lock = self._locks.pop(run.run_id, None)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .. import lineage
 from ..errors import LeaseLost, StoreError, TaskCancelled
 from ..journal import dumps
-from ..models import EventKind, Run, Task
+from ..models import EventKind, Run, Task, TaskStatus
 from . import task_exists
 
 if TYPE_CHECKING:
@@ -152,10 +152,46 @@ def settle_error(store: SQLiteStore, run: Run, idx: int, error: str) -> None:
 
 
 def extend_plan(
-    conn: sqlite3.Connection, task_id: str, start: int, append: Sequence[tuple[str, str]]
+    conn: sqlite3.Connection,
+    task_id: str,
+    start: int,
+    append: Sequence[tuple[str, str]],
+    policy: str | None = None,
 ) -> None:
-    """In a turn's commit: carry the task's plan digest over the steps it appends."""
+    """In a turn's commit (or a workflow step's start): carry the task's plan
+    digest over the steps it appends."""
     row = conn.execute(Q["plan_sha256"], {"id": task_id}).fetchone()
-    digest = lineage.appended_digest(row[0] if row else None, start, append)
+    digest = lineage.appended_digest(row[0] if row else None, start, append, policy)
     if digest is not None:
         conn.execute(Q["set_plan_sha256"], {"id": task_id, "plan_sha256": digest})
+
+
+def append_step(
+    store: SQLiteStore,
+    run: Run,
+    idx: int,
+    tool: str,
+    given: str,
+    policy: str | None,
+    tool_version: str | None,
+) -> int:
+    """See :meth:`ninelives.store.Store.append_step`."""
+    now = time.time()
+    with store._cancel_aware(run), store._write() as conn:
+        store._fence(conn, run, TaskStatus.RUNNING, now)
+        end = int(conn.execute(Q["next_step_idx"], {"id": run.task_id}).fetchone()[0])
+        if idx != end:
+            raise StoreError(f"task {run.task_id!r} has {end} steps: step {idx} cannot be appended")
+        params = {"id": run.task_id, "idx": idx, "tool": tool, "input": given, "policy": policy}
+        conn.execute(Q["insert_step"], params)
+        attempt = int(conn.execute(Q["step_running"], {**params, "now": now}).fetchone()[0])
+        store._event(
+            conn, run.task_id, run.run_id, EventKind.STEP_APPENDED, idx,
+            {"tool": tool, "by": idx}, now,
+        )  # fmt: skip
+        extend_plan(conn, run.task_id, idx, [(tool, given)], policy)
+        store._event(
+            conn, run.task_id, run.run_id, EventKind.STEP_STARTED, idx,
+            lineage.started_data(tool, attempt, tool_version), now,
+        )  # fmt: skip
+    return attempt

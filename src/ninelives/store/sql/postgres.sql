@@ -186,8 +186,11 @@ WHERE task_id = %(id)s AND step_idx = %(idx)s AND kind = 'step_recovered';
 UPDATE tasks SET status = 'failed', updated_at = ninelives_now() WHERE id = %(id)s;
 
 -- name: first_pending
+-- A workflow's code starts its own steps, once it has called them by name:
+-- the claim never starts one (see ninelives.workflow).
 SELECT s.idx, s.tool FROM steps s JOIN tasks t ON t.id = s.task_id
 WHERE s.task_id = %(id)s AND s.status = 'pending' AND t.status IN ('pending', 'running')
+  AND t.goal NOT LIKE 'workflow:%%'
 ORDER BY s.idx LIMIT 1;
 
 -- name: step_running
@@ -587,3 +590,7 @@ FROM attempts
 GROUP BY bucket, outcome
 UNION ALL
 SELECT NULL, NULL, count(*), NULL FROM marks WHERE kind = 'step_started';
+
+-- name: next_step_idx
+-- Where a workflow's next step is appended: one past the last.
+SELECT COALESCE(MAX(idx) + 1, 0) FROM steps WHERE task_id = %(id)s;

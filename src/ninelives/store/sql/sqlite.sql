@@ -95,8 +95,11 @@ WHERE task_id = :id AND step_idx = :idx AND kind = 'step_recovered';
 UPDATE tasks SET status = 'failed', updated_at = :now WHERE id = :id;
 
 -- name: first_pending
+-- A workflow's code starts its own steps, once it has called them by name:
+-- the claim never starts one (see ninelives.workflow).
 SELECT s.idx, s.tool FROM steps s JOIN tasks t ON t.id = s.task_id
 WHERE s.task_id = :id AND s.status = 'pending' AND t.status IN ('pending', 'running')
+  AND t.goal NOT LIKE 'workflow:%'
 ORDER BY s.idx LIMIT 1;
 
 -- name: step_running
@@ -365,3 +368,7 @@ FROM attempts
 GROUP BY bucket, outcome
 UNION ALL
 SELECT NULL, NULL, count(*), NULL FROM marks WHERE kind = 'step_started';
+
+-- name: next_step_idx
+-- Where a workflow's next step is appended: one past the last.
+SELECT COALESCE(MAX(idx) + 1, 0) FROM steps WHERE task_id = :id;

@@ -1,0 +1,437 @@
+"""The replay driver: run a workflow task's function from the top, step by step.
+
+Step k of the journal is the k-th step call of the function. A call whose
+step is ``done`` returns its stored value and does not call ``fn``; a step
+``pending`` again (recovered, retried, or between attempts) runs again under
+its idempotency key; a new step is appended and committed ``running`` in one
+transaction (:meth:`~ninelives.store.Store.append_step`) before ``fn`` runs,
+and ``done`` with its output after: the two commits, events, crash points,
+attempt limits, blobs, cancel checks and fencing of a plan step, through the
+runtime's own methods (``Runtime._start``, ``_record``, ``_record_error``).
+
+A call of another name than the journal's step k, or a return while the
+journal holds more steps, raises :class:`~ninelives.errors.WorkflowDiverged`
+(exit 12) having written nothing; it is kept on the context, so a workflow
+that catches it and returns is refused all the same.
+
+What code between steps may do: compute from arguments and step results,
+branch, loop. What it must not do: read the clock, random numbers, files or
+the network directly (use ``ctx.now()``, ``ctx.uuid()``, ``ctx.random()`` or
+a step): on replay it must call the same steps in the same order.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from . import crashpoints
+from .blobs import escape, needs_escape
+from .durable import ACTIVE, CURRENT, StepFunction, Workflow, WorkflowSpec, lookup, spec_of
+from .errors import (
+    CommitUnknown,
+    PlanError,
+    StepFailed,
+    TaskFailed,
+    WorkflowDiverged,
+    WorkflowError,
+)
+from .journal import dumps, encode_output
+from .models import AGENT_TOOL, APPROVAL_TOOL, Run, Step, StepStatus, Task
+from .policy import Limits, StepTimeout, limits_for
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+    from .tools import ToolContext
+
+#: Names a workflow's own step calls cannot take: the runtime gives them meaning.
+RESERVED = (AGENT_TOOL, APPROVAL_TOOL)
+
+
+class Released(BaseException):
+    """Unwinds the workflow when its runner stops before a step (a worker's
+    ``stop``, a wait past ``max_wait``, a replay-only run reaching new work):
+    not an error, and user code cannot swallow it by ``except Exception``."""
+
+
+def value_of(output: Mapping[str, Any] | None) -> Any:
+    """What a done workflow step returns: its stored ``{"value": v}``'s ``v``, or
+    the whole output when a person wrote another object (``resolve --done``)."""
+    if output is not None and set(output) == {"value"}:
+        return output["value"]
+    return output
+
+
+class WorkflowContext:
+    """The ``ctx`` a workflow function gets first: every call on it is durable."""
+
+    def __init__(
+        self,
+        rt: Runtime | None,
+        run: Run | None,
+        task: Task,
+        *,
+        stop: Callable[[], bool] | None = None,
+        max_wait: float | None = None,
+    ) -> None:
+        self._rt = rt  # None: replay-check, which runs no step and writes nothing
+        self._run = run
+        self.task_id = task.id
+        self._steps = {s.idx: s for s in task.steps}
+        self._next = 0
+        self._stop = stop
+        self._max_wait = max_wait
+        self._thread = threading.get_ident()
+        #: The error that ends this run whatever the workflow does with it.
+        self.dead: BaseException | None = None
+
+    # -- the user's calls -------------------------------------------------
+
+    def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` as the task's next durable step ``name``
+        and return its value (from the journal when it is done already)."""
+        step, attempt = self._enter(name, fn, args, kwargs)
+        if attempt is None:
+            return value_of(step.output)
+        return self._attempts(step, attempt, _caller(fn, args, kwargs), _policy_of(fn))
+
+    def now(self) -> float:
+        """The time (epoch seconds), taken once as a step and replayed."""
+        return float(self.step("ctx.now", time.time))
+
+    def uuid(self) -> str:
+        """A random UUID (text), taken once as a step and replayed."""
+        import uuid
+
+        return str(self.step("ctx.uuid", lambda: str(uuid.uuid4())))
+
+    def random(self) -> float:
+        """A random float in [0, 1), taken once as a step and replayed."""
+        import random
+
+        return float(self.step("ctx.random", random.random))
+
+    # -- the machinery ----------------------------------------------------
+
+    def _check_alive(self) -> None:
+        if self.dead is not None:
+            raise self.dead
+        if threading.get_ident() != self._thread:
+            raise PlanError("ctx.step was called from another thread: call steps from the workflow")
+        if CURRENT.get() is not None:
+            raise PlanError("ctx.step was called inside a step: steps do not nest")
+
+    def _enter(
+        self, name: str, fn: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> tuple[Step, int | None]:
+        """Step k for a call of ``name``: ``(stored step, None)`` when done, else the
+        step record and the attempt committed running now. Raises WorkflowDiverged."""
+        self._check_alive()
+        if not isinstance(name, str) or name in RESERVED:
+            raise PlanError(f"a workflow step cannot be named {name!r}")
+        idx = self._next
+        self._next += 1
+        stored = self._steps.get(idx)
+        if stored is not None and stored.tool != name:
+            self._diverge(
+                f"task {self.task_id!r} step {idx}: the journal holds {stored.tool!r}, "
+                f"the code calls {name!r}"
+            )
+        if stored is not None and stored.status is StepStatus.DONE:
+            return stored, None
+        if self._rt is None or self._run is None:
+            self._release()  # replay-check: what follows is new work, not a divergence
+        if stored is None:
+            return self._append(idx, name, fn, args, kwargs)
+        return self._resume(stored, fn)
+
+    def _release(self) -> NoReturn:
+        self.dead = Released()
+        raise self.dead
+
+    def _diverge(self, message: str) -> NoReturn:
+        self.dead = WorkflowDiverged(
+            f"{message}: the code no longer matches the task's journal; nothing was written "
+            "(run it with the code it was created with, or fork it)"
+        )
+        raise self.dead
+
+    def _append(
+        self, idx: int, name: str, fn: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> tuple[Step, int | None]:
+        assert self._rt is not None
+        assert self._run is not None
+        given = _input(args, kwargs)
+        policy = {"on_unknown": "rerun", **_policy_of(fn)}
+        if self._stop is not None and self._stop():
+            self._release()
+        attempt = self._rt.store.append_step(
+            self._run, idx, name, dumps(given), policy=dumps(policy)
+        )
+        step = Step(
+            task_id=self.task_id, idx=idx, tool=name, input=given, status=StepStatus.RUNNING,
+            output=None, attempts=attempt, policy=policy,
+        )  # fmt: skip
+        self._steps[idx] = step
+        return step, attempt
+
+    def _resume(self, stored: Step, fn: Any) -> tuple[Step, int | None]:
+        """A stored step that is not done: left running for its probe, or pending."""
+        assert self._rt is not None
+        assert self._run is not None
+        rt, run = self._rt, self._run
+        if stored.status is StepStatus.RUNNING:
+            stored = self._probe(stored, fn)
+            if stored.status is StepStatus.DONE:
+                return stored, None
+        if stored.status is not StepStatus.PENDING:
+            from .parking import parked
+
+            raise parked(rt.store.get_task(self.task_id))
+        wait = max(0.0, stored.not_before - time.time()) if stored.not_before else 0.0
+        attempt = rt._start(run, stored, None, self._stop, wait, self._max_wait)
+        if attempt is None:
+            self._release()
+        return stored, attempt
+
+    def _probe(self, step: Step, fn: Any) -> Step:
+        """Ask the step's probe whether the effect of the attempt that died happened,
+        and commit the answer (as :func:`ninelives.parking.after_claim` does)."""
+        assert self._rt is not None
+        assert self._run is not None
+        rt, run = self._rt, self._run
+        probe = fn.probe if isinstance(fn, StepFunction) else None
+        output: str | None = None
+        block: str | None = None
+        if probe is None:
+            block = f"on_unknown is probe, but step {step.tool!r} has no probe here"
+        else:
+            try:
+                found = probe(self._tool_context(step, step.attempts))
+                if found is not None:
+                    output = encode_output({"value": found}, rt.settings.max_output)
+            except Exception as exc:  # the probe could not tell
+                block = f"the probe raised {type(exc).__name__}: {exc}"
+        crashpoints.crash("probe_answered", step.idx)
+        rt.store.settle_step(run, step.idx, output=output, block=block)
+        answer = "happened" if output else "cannot tell" if block else "did not happen"
+        rt._say(f"{run.task_id}: step {step.idx} {step.tool} outcome unknown; probe: {answer}")
+        if block is not None:
+            from .parking import parked
+
+            raise parked(rt.store.get_task(run.task_id), block)
+        settled = rt.store.get_task(run.task_id).steps[step.idx]
+        self._steps[step.idx] = settled
+        return settled
+
+    def _tool_context(self, step: Step, attempt: int) -> ToolContext:
+        from .tools import ToolContext
+
+        assert self._rt is not None
+        assert self._run is not None
+        return ToolContext(
+            task_id=self.task_id, step=step.idx, attempt=attempt, outputs={},
+            idem_key=f"{self.task_id}-{step.idx}", progress=step.progress,
+            saver=self._rt._saver(self._run, step, time.monotonic()),
+        )  # fmt: skip
+
+    def _attempts(
+        self, step: Step, attempt: int, call: Callable[[], Any], policy: Mapping[str, Any]
+    ) -> Any:
+        """Attempts of a step committed running, until one is done; the value."""
+        assert self._rt is not None
+        assert self._run is not None
+        rt, run = self._rt, self._run
+        limits = limits_for(
+            {**(step.policy or {}), **policy}, rt.settings.max_attempts, rt.settings.backoff
+        )
+        while True:
+            began = time.monotonic()
+            context = self._before(step, attempt)
+            token = CURRENT.set(context)
+            try:
+                with rt._time_limit(run, step, attempt, limits):
+                    value = call()
+                encoded = _encode(value, rt.settings.max_output)
+            except CommitUnknown:
+                raise
+            except (Exception, StepTimeout) as exc:
+                attempt = self._failed(step, attempt, exc, limits)
+                continue
+            finally:
+                CURRENT.reset(token)
+            return self._done(step, value, encoded, began)
+
+    def _before(self, step: Step, attempt: int) -> ToolContext:
+        assert self._rt is not None
+        assert self._run is not None
+        crashpoints.crash("before_effect", step.idx)
+        if self._rt.settings.step_delay:
+            time.sleep(self._rt.settings.step_delay)
+        self._rt.store.check_lease(self._run)  # a runner paused past its lease starts nothing
+        return self._tool_context(step, attempt)
+
+    def _failed(self, step: Step, attempt: int, exc: BaseException, limits: Limits) -> int:
+        """Record the attempt's step_error; the next attempt once its wait is over."""
+        assert self._rt is not None
+        assert self._run is not None
+        try:
+            wait = self._rt._record_error(self._run, step, attempt, exc, limits)
+        except TaskFailed as failed:
+            self.dead = StepFailed(str(failed))
+            raise self.dead from None
+        again = self._rt._start(self._run, step, None, self._stop, wait, self._max_wait)
+        if again is None:
+            self._release()
+        return again
+
+    def _done(self, step: Step, value: Any, encoded: str, began: float) -> Any:
+        assert self._rt is not None
+        assert self._run is not None
+        output = {"value": value}
+        self._rt._record(
+            self._run, step, output, encoded, last=False, took=time.monotonic() - began
+        )
+        self._steps[step.idx] = step._replace(status=StepStatus.DONE, output=output)
+        return value
+
+    def finish(self, result: Any) -> None:
+        """The function returned ``result``: refuse it if the journal holds more
+        steps, else commit the task done with it."""
+        if self.dead is not None:
+            raise self.dead
+        more = len(self._steps) - self._next
+        if more > 0:
+            stored = self._steps[self._next]
+            self._diverge(
+                f"task {self.task_id!r} step {self._next}: the journal holds {stored.tool!r} "
+                f"and {more - 1} more, the code returns before calling it"
+            )
+        if self._rt is None or self._run is None:
+            return
+        try:
+            _encode(result, self._rt.settings.max_output)
+            encoded = dumps(result)
+        except Exception as exc:
+            raise WorkflowError(
+                f"task {self.task_id!r}: the workflow's return value cannot be stored: {exc}; "
+                "nothing was written (return JSON: dicts, lists, strings, numbers)"
+            ) from None
+        crashpoints.crash("before_task_done")
+        self._rt.store.finish_task(self._run, result=encoded)
+
+
+def _encode(value: Any, max_output: int) -> str:
+    """``{"value": value}`` as the JSON text a done commit stores (OutputRefused if not)."""
+    encoded = encode_output({"value": value}, max_output)
+    return escape(encoded) if needs_escape({"value": value}) else encoded
+
+
+def _policy_of(fn: Any) -> dict[str, Any]:
+    return dict(fn.policy) if isinstance(fn, StepFunction) else {}
+
+
+def _caller(fn: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Callable[[], Any]:
+    target = fn.fn if isinstance(fn, StepFunction) else fn
+    return lambda: target(*args, **kwargs)
+
+
+def _input(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """A step's stored input: its arguments as JSON, or ``{}`` when JSON cannot
+    hold them (any Python object may be passed to a step)."""
+    from .journal import storable
+
+    given = {"args": list(args), "kwargs": dict(kwargs)}
+    try:
+        storable(given, "the step arguments")
+    except ValueError:
+        return {}
+    return given if args or kwargs else {}
+
+
+def drive(
+    rt: Runtime,
+    run: Run,
+    task: Task,
+    stop: Callable[[], bool] | None,
+    max_wait: float | None,
+) -> Task:
+    """Run a claimed workflow task's function from the top (see the module's doc)."""
+    from .parking import PARKED, parked
+
+    if task.status in PARKED:
+        raise parked(task)
+    spec = _spec(task)
+    flow = lookup(spec.name)
+    ctx = context_for(flow)(rt, run, task, stop=stop, max_wait=max_wait)
+    try:
+        ctx.finish(call(flow, ctx, spec))
+    except Released:
+        pass  # stopped before a step: nothing running, the task as it stands
+    return rt.store.get_task(run.task_id)
+
+
+def context_for(flow: Workflow) -> type[WorkflowContext]:
+    """The context class of ``flow``: awaitable steps for an ``async def``."""
+    if flow.is_async:
+        from .replay_async import AsyncWorkflowContext
+
+        return AsyncWorkflowContext
+    return WorkflowContext
+
+
+def _spec(task: Task) -> WorkflowSpec:
+    spec = spec_of(task.goal)
+    if spec is None:
+        raise PlanError(f"task {task.id!r} is not a workflow task")
+    return spec
+
+
+def call(flow: Workflow, ctx: WorkflowContext, spec: WorkflowSpec) -> Any:
+    """Call the workflow's function with ``ctx`` and the stored arguments; any
+    error its own code raises (outside a step) ends the run as a
+    :class:`WorkflowError` having written nothing for it."""
+    token = ACTIVE.set(ctx)
+    try:
+        if flow.is_async:
+            import asyncio  # only when an async workflow runs: the CLI stays lean
+
+            return asyncio.run(flow.fn(ctx, *spec.args, **spec.kwargs))
+        return flow.fn(ctx, *spec.args, **spec.kwargs)
+    except (Released, CommitUnknown):
+        raise
+    except Exception as exc:
+        if ctx.dead is not None:
+            raise ctx.dead from None
+        from .errors import NineLivesError
+
+        if isinstance(exc, NineLivesError) and not isinstance(exc, PlanError):
+            raise  # the runtime's own (cancelled, parked, lease lost): as for a plan
+        raise WorkflowError(
+            f"task {ctx.task_id!r}: workflow {flow.name!r} raised outside a step, after "
+            f"{ctx._next} step call(s): {type(exc).__name__}: {exc}; nothing was written for "
+            "it: fix the code and run again"
+        ) from None
+    finally:
+        ACTIVE.reset(token)
+
+
+def replay_check(task: Task) -> WorkflowDiverged | None:
+    """Replay ``task``'s function on the code loaded here without running any
+    step (stored outputs answer): the divergence found, or None."""
+    spec = _spec(task)
+    flow = lookup(spec.name)
+    ctx = context_for(flow)(None, None, task)
+    try:
+        ctx.finish(call(flow, ctx, spec))
+    except Released:
+        pass
+    except WorkflowDiverged as exc:
+        return exc
+    except WorkflowError:
+        pass  # the code fails past the journal: not a divergence of the journal
+    if isinstance(ctx.dead, WorkflowDiverged):
+        return ctx.dead
+    return None

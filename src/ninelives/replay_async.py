@@ -1,0 +1,88 @@
+"""The context of an ``async def`` workflow: ``await ctx.step(...)``.
+
+Loaded only when an async workflow runs (with asyncio). The durable
+machinery is :class:`~ninelives.replay.WorkflowContext`'s, run in the event
+loop's thread between awaits: the commits block the loop for their time, as
+they block a sync workflow. ``fn`` may be sync or async; an async ``fn``'s
+``timeout`` is :func:`asyncio.wait_for`'s (SIGALRM cannot interrupt a loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .durable import CURRENT
+from .errors import CommitUnknown
+from .models import Step
+from .policy import StepTimeout, limits_for
+from .replay import WorkflowContext, _caller, _encode, _policy_of, value_of
+
+
+class AsyncWorkflowContext(WorkflowContext):
+    """``ctx`` of an async workflow: :meth:`step` is awaited; ``now``, ``uuid``
+    and ``random`` are awaited too."""
+
+    async def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` (awaited when it is a coroutine function) as
+        the task's next durable step ``name``; its value."""
+        step, attempt = self._enter(name, fn, args, kwargs)
+        if attempt is None:
+            return value_of(step.output)
+        return await self._attempts_async(step, attempt, _caller(fn, args, kwargs), _policy_of(fn))
+
+    async def now(self) -> float:  # type: ignore[override]
+        """The time (epoch seconds), taken once as a step and replayed."""
+        return float(await self.step("ctx.now", time.time))
+
+    async def uuid(self) -> str:  # type: ignore[override]
+        """A random UUID (text), taken once as a step and replayed."""
+        import uuid
+
+        return str(await self.step("ctx.uuid", lambda: str(uuid.uuid4())))
+
+    async def random(self) -> float:  # type: ignore[override]
+        """A random float in [0, 1), taken once as a step and replayed."""
+        import random
+
+        return float(await self.step("ctx.random", random.random))
+
+    async def _attempts_async(
+        self, step: Step, attempt: int, call: Callable[[], Any], policy: Mapping[str, Any]
+    ) -> Any:
+        assert self._rt is not None
+        assert self._run is not None
+        rt, run = self._rt, self._run
+        limits = limits_for(
+            {**(step.policy or {}), **policy}, rt.settings.max_attempts, rt.settings.backoff
+        )
+        while True:
+            began = time.monotonic()
+            context = self._before(step, attempt)
+            token = CURRENT.set(context)
+            try:
+                with rt._time_limit(run, step, attempt, limits):
+                    value = call()
+                if inspect.isawaitable(value):
+                    value = await _limited(value, limits.timeout)
+                encoded = _encode(value, rt.settings.max_output)
+            except CommitUnknown:
+                raise
+            except (Exception, StepTimeout) as exc:
+                attempt = self._failed(step, attempt, exc, limits)
+                continue
+            finally:
+                CURRENT.reset(token)
+            return self._done(step, value, encoded, began)
+
+
+async def _limited(awaitable: Any, timeout: float | None) -> Any:
+    if not timeout:
+        return await awaitable
+    try:
+        return await asyncio.wait_for(awaitable, timeout)
+    except asyncio.TimeoutError:
+        raise StepTimeout(timeout) from None
