@@ -27,7 +27,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from step_overhead import stub_tools, time_ninelives  # noqa: E402
+from step_overhead import PLAN, stub_tools, time_ninelives  # noqa: E402
 
 import ninelives  # noqa: E402
 from ninelives.settings import Settings  # noqa: E402
@@ -52,6 +52,11 @@ def stub_report(ctx: Any) -> Any:
     ctx.step("fetch", FETCH)
     ctx.step("summarize", SUMMARIZE)
     return ctx.step("write_artifact", WRITE)
+
+
+def step_overhead_plan() -> dict[str, Any]:
+    """The plan the plan rows run (``step_overhead.PLAN``)."""
+    return PLAN
 
 
 def time_workflow(folder: Path, tasks: int, start: int) -> tuple[float, float]:

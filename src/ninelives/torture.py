@@ -521,7 +521,13 @@ def _check_plan(path: str) -> None:
 
 def _check_workflow(name: str, args: str) -> None:
     """Refuse a workflow not loaded here or arguments ``create`` would refuse (InputError)."""
-    raise InputError("workflows are not supported yet")
+    from .durable import lookup, parse_arguments, prepare
+    from .settings import Settings
+    from .tools.builtin import default_registry
+
+    default_registry(Settings.from_env())  # imports the NINELIVES_TOOLS modules
+    positional, keywords = parse_arguments(args)
+    prepare("torture-0-0", lookup(name), positional, keywords)
 
 
 def _plan_steps(path: str) -> int:

@@ -103,9 +103,10 @@ def test_negative_control_the_kit_fails_a_workflow_step_that_is_not_idempotent(
 
 
 def test_a_resumed_run_that_calls_other_steps_fails_the_case(tmp_path: Path) -> None:
-    """Negative control of the step check: a workflow whose steps depend on how many
-    times it ran (a file it counts in) passes its baseline, not a killed case."""
-    flaky = (
+    """Negative control of the step check: a workflow that reads a file between steps
+    (what the docs forbid) and so calls one more step when run again passes its
+    baseline and fails the kill whose resumed run calls another list of steps."""
+    moody = (
         FLOWS
         + """
 
@@ -118,19 +119,22 @@ def _runs():
 
 @ninelives.workflow("moody")
 def moody(ctx):
+    again = _runs() > 1
     ctx.step("first", str, "a")
-    if _runs() > 1:  # code between steps reading a file: what the docs forbid
-        ctx.step("other", str, "b")
-    return ctx.step("last", str, "c")
+    out = ctx.step("last", str, "c")
+    if again:
+        ctx.step("extra", str, "b")
+    return out
 """
     )
-    test = MATRIX.replace('"shout_flow"', '"moody"').replace('args=["input/notes.txt"]', "")
+    test = MATRIX.replace('"shout_flow"', '"moody"').replace('args=["input/notes.txt"],', "")
     project = _project(tmp_path / "moody", test)
-    (project / "flows.py").write_text(flaky, encoding="utf-8")
-    result = _pytest(project, "-k", "baseline or after_effect-step0")
+    (project / "flows.py").write_text(moody, encoding="utf-8")
+    result = _pytest(project, "-k", "baseline or after_effect-step1")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "1 failed, 1 passed" in result.stdout, result.stdout
-    assert "FAILED test_flow.py::test_flow[after_effect-step0]" in result.stdout
+    assert "FAILED test_flow.py::test_flow[after_effect-step1]" in result.stdout
+    assert "plan changed: ['first', 'last', 'extra'] != ['first', 'last']" in result.stdout
 
 
 def test_the_marker_takes_a_workflow(tmp_path: Path) -> None:
