@@ -46,7 +46,7 @@ def read_notes(folder: str) -> str:
     return "\n".join(parts)
 
 
-@ninelives.step(name="model", max_attempts=3, backoff=0.5)
+@ninelives.step(name="model", max_attempts=3, backoff={"base": 1, "cap": 30})
 def ask_model(messages: list[dict[str, Any]]) -> dict[str, Any]:
     """One model turn (the engine of ``NINELIVES_LLM``: ``stub`` needs no model)."""
     reply = open_engine(EngineConfig.from_env()).chat(messages, TOOLS)
@@ -60,8 +60,9 @@ def ask_model(messages: list[dict[str, Any]]) -> dict[str, Any]:
 
 @ninelives.step(name="write_artifact")
 def write_artifact(name: str, text: str) -> dict[str, Any]:
-    """Publish ``text`` once in outcome, as ``<idem_key>-<name>``: a step run again
-    after a kill finds its file there and publishes nothing twice.
+    """Publish ``text`` once in outcome, as ``<idem_key>.md`` (the model's ``name`` is
+    recorded beside it): a step run again after a kill finds its file there and
+    publishes nothing twice.
     ``CODE_AGENT_UNSAFE=1`` appends to ``report.log`` instead, ignoring the key:
     the deliberate bug that the kill tests' negative control must catch."""
     step = ninelives.current_step()
@@ -72,9 +73,8 @@ def write_artifact(name: str, text: str) -> dict[str, Any]:
         with open(os.path.join(folder, "report.log"), "a", encoding="utf-8") as log:
             log.write(text + "\n")
         return {"path": os.path.join(folder, "report.log")}
-    safe = os.path.basename(name) or "report.md"
-    done = publish_once(folder, f"{step.idem_key}-{safe}", text.encode(), step=step.step)
-    return {"path": done.path, "sha256": done.sha256, "bytes": done.size}
+    done = publish_once(folder, f"{step.idem_key}.md", text.encode(), step=step.step)
+    return {"name": name, "path": done.path, "sha256": done.sha256, "bytes": done.size}
 
 
 def call_tool(call: dict[str, Any]) -> dict[str, Any]:
