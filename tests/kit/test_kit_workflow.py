@@ -169,3 +169,60 @@ def test_a_workflow_that_fails_its_baseline_says_so(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode != 0
     assert "workflow create: exit 4" in result.stdout + result.stderr
+
+
+OUTBOX = """
+import os
+
+import ninelives
+
+
+@ninelives.step(name="send")
+def send(text):
+    # An effect outside the artifacts folder, kept once per key (OUTBOX_UNSAFE=1: always).
+    key = ninelives.current_step().idem_key
+    os.makedirs("outbox", exist_ok=True)
+    log = os.path.join("outbox", "sent.log")
+    lines = open(log, encoding="utf-8").read().splitlines() if os.path.exists(log) else []
+    if os.environ.get("OUTBOX_UNSAFE") == "1" or not any(l.startswith(key + " ") for l in lines):
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(f"{key} {text}\\n")
+    return {"sent": key}
+
+
+@ninelives.workflow("mailer")
+def mailer(ctx, to):
+    body = ctx.step("compose", str.upper, "hello " + to)
+    return send(body)
+"""
+EFFECTS = """
+from pathlib import Path
+
+from ninelives.testing import kill_matrix
+
+
+def sent(root: Path):
+    log = root / "outbox" / "sent.log"
+    return log.read_text(encoding="utf-8").splitlines() if log.exists() else []
+
+
+test_flow = kill_matrix(workflow="mailer", args=["ann"], tools="flows", effects=sent{env})
+"""
+
+
+@pytest.mark.parametrize(("env", "outcome"), [("", "2 passed"), ("OUTBOX_UNSAFE", "1 failed")])
+def test_effects_outside_the_artifacts_folder_are_compared(
+    tmp_path: Path, env: str, outcome: str
+) -> None:
+    """``effects=`` reads what the steps did elsewhere; the control (every run sending
+    again) fails the kill after the send, and passes the kill before it."""
+    extra = f", env={{'{env}': '1'}}" if env else ""
+    project = _project(tmp_path / "outbox", EFFECTS.format(env=extra))
+    (project / "flows.py").write_text(OUTBOX, encoding="utf-8")
+    result = _pytest(project, "-k", "before_effect-step1 or after_effect-step1")
+    assert outcome in result.stdout, result.stdout + result.stderr
+    if env:
+        assert "FAILED test_flow.py::test_flow[after_effect-step1]" in result.stdout
+        assert "effects ['kill-test-1 HELLO ANN', 'kill-test-1 HELLO ANN'] != expected" in (
+            result.stdout
+        )
