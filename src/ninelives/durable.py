@@ -81,7 +81,12 @@ class Workflow(NamedTuple):
     is_async: bool = False
 
     def call(self, *args: Any, **kwargs: Any) -> Any:
-        """The function itself, called with ``args`` (a context first)."""
+        """The function itself, called with ``args`` (a context first): a workflow
+        calling another one inside its own run (its steps become the caller's)."""
+        return self.fn(*args, **kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """As :meth:`call`: a workflow is still its function."""
         return self.fn(*args, **kwargs)
 
 
