@@ -9,12 +9,17 @@ noise; the table holds medians over rounds. Systems:
   tables, a commit before and after each tool, the task's ``done`` in the last
   step's commit): no locks, no fencing, no checks. The floor of the design.
 * ``ninelives``: the library API (``ninelives.open``, ``create`` + ``run``).
+* ``ninelives-workflow``: the same task as a workflow (``peertools.peer_summary``:
+  two ``ctx.step`` calls and an ``@ninelives.step``), ``create`` + ``run``.
 * ``ninelives-cli``: one ``ninelives create`` and one ``ninelives run`` process
   per task (at most ``--cli-tasks`` of them: it is dominated by start-up).
 * ``langgraph-sync``: LangGraph, ``SqliteSaver`` on our own connection (WAL,
   ``synchronous=FULL``), ``durability="sync"``; ``langgraph-default``: its
-  defaults (``SqliteSaver`` sets WAL itself, ``durability="async"``).
-* ``dbos-wal``: DBOS with its SQLite system database, every connection set to
+  defaults (``SqliteSaver`` sets WAL itself, ``durability="async"``);
+  ``langgraph-func``: its functional API, an ``@entrypoint`` calling three
+  ``@task``s, on the same durable ``SqliteSaver``, ``durability="sync"``.
+* ``dbos-wal``: DBOS's workflows (``@DBOS.workflow`` calling three ``@DBOS.step``s)
+  with its SQLite system database, every connection set to
   WAL and ``synchronous=FULL`` by a SQLAlchemy ``connect`` listener;
   ``dbos-default``: its defaults (rollback journal).
 * ``raw``: bare ``BEGIN IMMEDIATE; INSERT; COMMIT`` transactions, two per step.
@@ -52,9 +57,11 @@ import peertools  # noqa: E402
 SYSTEMS = (
     "minimal",
     "ninelives",
+    "ninelives-workflow",
     "ninelives-cli",
     "langgraph-sync",
     "langgraph-default",
+    "langgraph-func",
     "dbos-wal",
     "dbos-default",
     "raw",
@@ -63,6 +70,7 @@ SYSTEMS = (
 NEEDS = {
     "langgraph-sync": "langgraph.checkpoint.sqlite",
     "langgraph-default": "langgraph.checkpoint.sqlite",
+    "langgraph-func": "langgraph.checkpoint.sqlite",
     "dbos-wal": "dbos",
     "dbos-default": "dbos",
 }
@@ -70,9 +78,11 @@ NEEDS = {
 DATABASES = {
     "minimal": "minimal.db",
     "ninelives": "state.db",
+    "ninelives-workflow": "state.db",
     "ninelives-cli": "state.db",
     "langgraph-sync": "langgraph.db",
     "langgraph-default": "langgraph.db",
+    "langgraph-func": "langgraph.db",
     "dbos-wal": "dbos.sqlite",
     "dbos-default": "dbos.sqlite",
     "raw": "raw.db",
@@ -205,6 +215,22 @@ def run_ninelives(n: int) -> tuple[Callable[[], None], Callable[[], dict[str, An
     return work, lambda: _ninelives_check(n)
 
 
+def run_ninelives_workflow(n: int) -> tuple[Callable[[], None], Callable[[], dict[str, Any]]]:
+    import ninelives
+    from ninelives.settings import Settings
+
+    settings = Settings(artifacts=peertools.ARTIFACTS)
+    rt = ninelives.open("state.db", settings=settings)
+
+    def work() -> None:
+        for i in range(n):
+            rt.create(f"t{i}", peertools.peer_summary, peertools.INPUT)
+            rt.run(f"t{i}")
+        rt.close()
+
+    return work, lambda: _ninelives_check(n)
+
+
 def run_ninelives_cli(n: int) -> tuple[Callable[[], None], Callable[[], dict[str, Any]]]:
     from ninelives.testing.lab import cli_command
 
@@ -274,6 +300,59 @@ def run_langgraph(n: int, sync: bool) -> tuple[Callable[[], None], Callable[[], 
             done = [k for k in ("fetched", "summary", "published") if k in values]
             steps += len(done)
             tasks += len(done) == 3 and not snapshot.next
+        return {"tasks_done": tasks, "steps_done": steps}
+
+    return work, check
+
+
+def run_langgraph_func(n: int) -> tuple[Callable[[], None], Callable[[], dict[str, Any]]]:
+    """LangGraph's functional API: an ``@entrypoint`` calling three ``@task``s."""
+    import sqlite3
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
+    from langgraph.func import entrypoint, task
+
+    @task
+    def fetch(path: str) -> dict[str, Any]:
+        return peertools.fetch(path)
+
+    @task
+    def summarize(text: str) -> dict[str, Any]:
+        return peertools.summarize(text)
+
+    @task
+    def publish(name: str, text: str) -> dict[str, Any]:
+        return peertools.publish(peertools.ARTIFACTS, name, text)
+
+    conn = sqlite3.connect("langgraph.db", check_same_thread=False)
+    durable(conn)
+    saver = SqliteSaver(conn)
+    saver.setup()
+
+    @entrypoint(checkpointer=saver)
+    def workflow(task_id: str) -> dict[str, Any]:
+        fetched = fetch(peertools.INPUT).result()
+        summary = summarize(fetched["text"]).result()
+        return publish(f"{task_id}.md", summary["summary"]).result()
+
+    def work() -> None:
+        for i in range(n):
+            config = {"configurable": {"thread_id": f"t{i}"}}
+            workflow.invoke(f"t{i}", config, durability="sync")  # type: ignore[arg-type]
+
+    def check() -> dict[str, Any]:
+        tasks = steps = 0
+        for i in range(n):
+            config = {"configurable": {"thread_id": f"t{i}"}}
+            snapshot = workflow.get_state(config)  # type: ignore[arg-type]
+            done = isinstance(snapshot.values, dict) and "path" in snapshot.values
+            tasks += done and not snapshot.next
+            # Each finished @task is a "__return__" write of the run's checkpoints.
+            steps += sum(
+                channel == "__return__"
+                for saved in saver.list(config)  # type: ignore[arg-type]
+                for _, channel, _ in saved.pending_writes or ()
+            )
         return {"tasks_done": tasks, "steps_done": steps}
 
     return work, check
@@ -354,9 +433,11 @@ def run_raw(n: int) -> tuple[Callable[[], None], Callable[[], dict[str, Any]]]:
 RUNNERS: dict[str, Callable[[int], tuple[Callable[[], None], Callable[[], dict[str, Any]]]]] = {
     "minimal": run_minimal,
     "ninelives": run_ninelives,
+    "ninelives-workflow": run_ninelives_workflow,
     "ninelives-cli": run_ninelives_cli,
     "langgraph-sync": lambda n: run_langgraph(n, True),
     "langgraph-default": lambda n: run_langgraph(n, False),
+    "langgraph-func": run_langgraph_func,
     "dbos-wal": lambda n: run_dbos(n, True),
     "dbos-default": lambda n: run_dbos(n, False),
     "raw": run_raw,
@@ -499,16 +580,35 @@ def measure(
         floor = rows["raw"]["step_ms"]
         for row in rows.values():
             row["step_vs_raw"] = row["step_ms"] / floor
-    ratios = {}
-    if "ninelives" in rows:
-        ours = rows["ninelives"]
-        for peer in ("minimal", "langgraph-sync", "dbos-wal", "langgraph-default", "dbos-default"):
-            if peer in rows:
-                ratios[peer] = {
-                    "tasks_per_s": ours["tasks_per_s"] / rows[peer]["tasks_per_s"],
-                    "cpu_ms_per_task": ours["cpu_ms_per_task"] / rows[peer]["cpu_ms_per_task"],
-                }
-    return {"tasks": tasks, "rounds": rounds, "systems": rows, "ninelives_vs": ratios}
+    return {
+        "tasks": tasks,
+        "rounds": rounds,
+        "systems": rows,
+        "ninelives_vs": versus(rows, "ninelives", PLAN_PEERS),
+        "workflow_vs": versus(rows, "ninelives-workflow", WORKFLOW_PEERS),
+    }
+
+
+#: What the plan row and the workflow row are compared with, in this order.
+PLAN_PEERS = ("minimal", "langgraph-sync", "dbos-wal", "langgraph-default", "dbos-default")
+WORKFLOW_PEERS = ("ninelives", "dbos-wal", "langgraph-func", "dbos-default", "langgraph-sync")
+
+
+def versus(
+    rows: dict[str, dict[str, Any]], ours: str, peers: tuple[str, ...]
+) -> dict[str, dict[str, float]]:
+    """The ratios of row ``ours`` to each of ``peers`` that ran (none when ``ours`` did not)."""
+    if ours not in rows:
+        return {}
+    mine = rows[ours]
+    return {
+        peer: {
+            "tasks_per_s": mine["tasks_per_s"] / rows[peer]["tasks_per_s"],
+            "cpu_ms_per_task": mine["cpu_ms_per_task"] / rows[peer]["cpu_ms_per_task"],
+        }
+        for peer in peers
+        if peer in rows
+    }
 
 
 def versions() -> dict[str, str]:
@@ -546,12 +646,13 @@ def table(result: dict[str, Any]) -> str:
             f"| {row['cpu_ms_per_task']:.2f} "
             f"| {row['step_ms']:.3f} | {vs} | {' | '.join(counts)} | {checked} |"
         )
-    if result["ninelives_vs"]:
-        lines += ["", "| ninelives vs | tasks/s | CPU ms/task |", "| --- | ---: | ---: |"]
-        for peer, ratio in result["ninelives_vs"].items():
-            lines.append(
-                f"| {peer} | {ratio['tasks_per_s']:.2f}x | {ratio['cpu_ms_per_task']:.2f}x |"
-            )
+    for key, title in (("ninelives_vs", "ninelives"), ("workflow_vs", "ninelives-workflow")):
+        if result.get(key):
+            lines += ["", f"| {title} vs | tasks/s | CPU ms/task |", "| --- | ---: | ---: |"]
+            for peer, ratio in result[key].items():
+                lines.append(
+                    f"| {peer} | {ratio['tasks_per_s']:.2f}x | {ratio['cpu_ms_per_task']:.2f}x |"
+                )
     return "\n".join(lines)
 
 

@@ -5,8 +5,9 @@ three non-empty lines (the stub engine's rule), ``publish`` writes an artifact
 exactly once in outcome (a temporary file, fsync, rename, fsync of the folder;
 the same content already at the name is left alone). Each system wraps these
 same functions in its own form: ninelives tools (``register`` below, also what
-``ninelives --tools peertools`` loads), DBOS steps, LangGraph nodes, the
-minimal reference's plain calls. ``CALLS`` counts the calls in this process.
+``ninelives --tools peertools`` loads), a ninelives workflow (``peer_summary``),
+DBOS steps, LangGraph nodes and tasks, the minimal reference's plain calls.
+``CALLS`` counts the calls in this process.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import hashlib
 import os
 from collections.abc import Mapping
 from typing import Any
+
+import ninelives
 
 NOTES = "Line one\n\n  Line two  \nLine three\nLine four\n"
 SUMMARY = "Line one\nLine two\nLine three"
@@ -95,3 +98,22 @@ def register(registry: Any) -> None:
     registry.register("peer_fetch", _fetch)
     registry.register("peer_summarize", _summarize)
     registry.register("peer_publish", _publish)
+
+
+# -- and as a ninelives workflow ------------------------------------------------------
+
+
+@ninelives.step(name="publish")
+def publish_step(text: str) -> dict[str, Any]:
+    """``publish`` as a durable step, named after its idempotency key as the tool is."""
+    step = ninelives.current_step()
+    assert step is not None, "publish_step runs as a step of peer_summary"
+    return publish(ARTIFACTS, f"{step.idem_key}.md", text)
+
+
+@ninelives.workflow("peer_summary")
+def peer_summary(ctx: Any, path: str) -> dict[str, Any]:
+    """The plan's three steps as code: two ``ctx.step`` calls and a decorated step."""
+    fetched = ctx.step("fetch", fetch, path)
+    summary = ctx.step("summarize", summarize, fetched["text"])
+    return publish_step(summary["summary"])

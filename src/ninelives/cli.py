@@ -581,6 +581,8 @@ def cmd_torture(args: argparse.Namespace) -> int:
         os.environ["NINELIVES_TOOLS"] = args.tools
     report = torture(
         args.plan,
+        workflow=args.workflow,
+        args=args.args,
         kills=args.kills,
         seed=args.seed,
         workers=args.workers,
@@ -708,7 +710,11 @@ def _verify_args(p: argparse.ArgumentParser) -> None:
 
 
 def _torture_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("plan", metavar="PLAN")
+    p.add_argument("plan", metavar="PLAN", nargs="?", help="a plan file (or give --workflow)")
+    p.add_argument("--workflow", metavar="NAME", help="torture tasks of this workflow instead")
+    p.add_argument(
+        "--args", default="[]", metavar="JSON", help="the workflow's arguments (default [])"
+    )
     p.add_argument("--kills", type=int, default=10, metavar="N", help="SIGKILLs (default 10)")
     p.add_argument("--seed", type=int, metavar="S", help="seed of the kill schedule")
     p.add_argument("--workers", type=int, default=1, metavar="K", help="tasks run in parallel")

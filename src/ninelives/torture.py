@@ -1,5 +1,7 @@
 """``ninelives torture``: run fresh tasks of a plan under random SIGKILLs, then prove it.
 
+The tasks are of a plan file, or of a workflow (``--workflow NAME --args JSON``,
+from a module named with ``--tools``): each is created as ``create`` would.
 Each worker lane creates a task of the plan and runs it with the ``ninelives``
 command (this interpreter's ``-m ninelives``, so tools from entry points load
 as they would in production), SIGKILLs the run at a random, seeded moment
@@ -73,6 +75,9 @@ class TortureReport:
     elapsed: float
     kills_asked: int = 0
     kept: bool = True
+    #: The workflow tortured instead of a plan (``plan`` is then empty), and its arguments.
+    workflow: str | None = None
+    args: str = "[]"
     #: One line per duplicate and lost commit found (violations are listed apart).
     details: tuple[str, ...] = ()
     pause: float = DEFAULT_PAUSE
@@ -84,9 +89,14 @@ class TortureReport:
 
     def replay_command(self) -> str:
         """The command line that replays this session's kill schedule."""
+        import shlex
+
         extra = f" --workers {self.workers}" if self.workers != 1 else ""
         extra += f" --pause {self.pause:g}" if self.pause != DEFAULT_PAUSE else ""
-        return f"ninelives torture {self.plan} --kills {self.kills_asked} --seed {self.seed}{extra}"
+        subject = self.plan
+        if self.workflow is not None:
+            subject = f"--workflow {shlex.quote(self.workflow)} --args {shlex.quote(self.args)}"
+        return f"ninelives torture {subject} --kills {self.kills_asked} --seed {self.seed}{extra}"
 
     def summary_lines(self) -> list[str]:
         """The human summary: replay line, counts, then each violation."""
@@ -121,13 +131,14 @@ class _Lane:
 class _Session:
     def __init__(
         self,
-        plan: str,
+        subject: Sequence[str],
         folder: str,
         env: Mapping[str, str] | None,
         log: Callable[[str], None] | None,
         pause: float,
     ) -> None:
-        self.plan = plan
+        #: What follows ``create TASK``: the plan file, or ``--workflow NAME --args JSON``.
+        self.subject = tuple(subject)
         self.folder = folder
         self.db = os.path.join(folder, DB_NAME)
         self.artifacts = os.path.join(folder, ARTIFACTS_NAME)
@@ -169,7 +180,7 @@ class _Session:
         )
 
     def create(self, task_id: str) -> None:
-        done = self.cli("create", task_id, self.plan)
+        done = self.cli("create", task_id, *self.subject)
         if done.returncode != 0:
             raise StoreError(f"create {task_id} exited {done.returncode}: {_last(done.stderr)}")
 
@@ -189,7 +200,7 @@ class _Session:
         ran = self.cli("run", "-q", "calibration")
         if ran.returncode != 0:
             raise TaskFailed(
-                f"the plan does not run cleanly even without kills (exit {ran.returncode}): "
+                f"the task does not run cleanly even without kills (exit {ran.returncode}): "
                 f"{_last(ran.stderr)}"
             )
         store = open_store(self.db, create=False)
@@ -389,8 +400,10 @@ def count_duplicates(tasks: Sequence[Task], folder: str) -> tuple[int, list[str]
 
 
 def torture(
-    plan: str | os.PathLike[str],
+    plan: str | os.PathLike[str] | None = None,
     *,
+    workflow: str | None = None,
+    args: str = "[]",
     kills: int = 10,
     seed: int | None = None,
     workers: int = 1,
@@ -402,6 +415,10 @@ def torture(
 ) -> TortureReport:
     """Torture fresh tasks of ``plan`` with ``kills`` SIGKILLs over ``workers`` lanes.
 
+    Instead of a plan, ``workflow`` names a workflow loaded in this process
+    (``--tools`` / ``NINELIVES_TOOLS``, which the runs load too) and ``args``
+    its arguments as ``create --args`` takes them (JSON text: an array of
+    positional arguments or an object of keyword arguments).
     ``folder`` (default: a new temporary folder) receives the database and the
     artifacts; it must not hold a database yet. A temporary folder is removed
     again when everything is clean, kept otherwise. ``window`` fixes the range of
@@ -422,8 +439,16 @@ def torture(
         raise InputError(f"--workers must be at least 1, got {workers}")
     if not 0 <= pause <= 60:
         raise InputError(f"--pause must be 0-60 seconds, got {pause}")
-    plan_path = os.path.abspath(os.fspath(plan))
-    _check_plan(plan_path)
+    if (plan is None) == (workflow is None):
+        raise InputError("torture takes a plan file or --workflow NAME, not both or neither")
+    if workflow is not None:
+        _check_workflow(workflow, args)
+        subject: tuple[str, ...] = ("--workflow", workflow, "--args", args)
+        plan_path = ""
+    else:
+        plan_path = os.path.abspath(os.fspath(plan))  # type: ignore[arg-type]
+        _check_plan(plan_path)
+        subject = (plan_path,)
     seed = int.from_bytes(os.urandom(4), "big") if seed is None else seed
     scratch = folder is None
     if folder is None:
@@ -437,12 +462,14 @@ def torture(
         os.makedirs(folder, exist_ok=True)
     except OSError as exc:
         raise InputError(f"cannot create --dir {folder}: {exc.strerror or exc}") from None
-    session = _Session(plan_path, folder, env, log, pause)
+    session = _Session(subject, folder, env, log, pause)
     session.say(f"seed {seed}, {kills} kill(s), {workers} worker(s), folder {folder}")
     started = time.monotonic()
     try:
-        if window is None:
+        if window is None or workflow is not None:
+            # A workflow's steps are known only by running it: its commits are counted too.
             span, commits = session.calibrate()
+            span = span if window is None else window
             session.say(f"kill delays {span[0]:.3f}-{span[1]:.3f}s or after 1-{commits} commits")
         else:
             span, commits = window, 2 * _plan_steps(plan_path) + 3
@@ -482,7 +509,7 @@ def torture(
         window=span,
         elapsed=time.monotonic() - started,
     )
-    report = dataclasses.replace(report, pause=pause)
+    report = dataclasses.replace(report, pause=pause, workflow=workflow, args=args)
     if scratch and report.ok:
         shutil.rmtree(folder, ignore_errors=True)
         report = dataclasses.replace(report, kept=False)
@@ -495,6 +522,17 @@ def _check_plan(path: str) -> None:
     from .tools.builtin import default_registry
 
     validate(load_plan(path), default_registry(Settings.from_env()).lookup)
+
+
+def _check_workflow(name: str, args: str) -> None:
+    """Refuse a workflow not loaded here or arguments ``create`` would refuse (InputError)."""
+    from .durable import lookup, parse_arguments, prepare
+    from .settings import Settings
+    from .tools.builtin import default_registry
+
+    default_registry(Settings.from_env())  # imports the NINELIVES_TOOLS modules
+    positional, keywords = parse_arguments(args)
+    prepare("torture-0-0", lookup(name), positional, keywords)
 
 
 def _plan_steps(path: str) -> int:
@@ -543,7 +581,7 @@ def _report(
     duplicates, found = count_duplicates(tasks, session.artifacts)
     details.extend(f"duplicate: {line}" for line in found)
     return TortureReport(
-        plan=os.path.relpath(session.plan),
+        plan=os.path.relpath(session.subject[0]) if len(session.subject) == 1 else "",
         seed=seed,
         workers=workers,
         folder=session.folder,

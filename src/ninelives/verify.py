@@ -21,7 +21,7 @@ from typing import Any
 
 from .errors import BlobDamaged, DamagedTask, PlanTampered, StoreError
 from .journal import CLOSING_KINDS, journal_problems
-from .models import Event, EventKind, StepStatus, Task, TaskStatus
+from .models import Event, EventKind, StepStatus, Task, TaskStatus, is_workflow
 
 #: The step status each step-level event leaves behind. Kinds not listed here
 #: (added by later versions) do not change what a step is expected to be.
@@ -492,15 +492,23 @@ def lineage_violations(task: Task, events: Sequence[Event]) -> list[Violation]:
 
 
 def artifact_outputs(task: Task) -> dict[int, dict[str, Any]]:
-    """Done steps whose output records a published file: ``path`` and ``sha256`` texts."""
-    return {
-        s.idx: s.output
-        for s in task.steps
-        if s.status is StepStatus.DONE
-        and isinstance(s.output, dict)
-        and isinstance(s.output.get("path"), str)
-        and isinstance(s.output.get("sha256"), str)
-    }
+    """Done steps whose output records a published file: ``path`` and ``sha256`` texts
+    (a workflow step's record is the value it returned, inside ``{"value": ...}``)."""
+    found = {}
+    for s in task.steps:
+        output: Any = s.output
+        if s.status is StepStatus.DONE and is_workflow(task.goal):
+            from .replay import value_of
+
+            output = value_of(output)
+        if (
+            s.status is StepStatus.DONE
+            and isinstance(output, dict)
+            and isinstance(output.get("path"), str)
+            and isinstance(output.get("sha256"), str)
+        ):
+            found[s.idx] = output
+    return found
 
 
 def check_artifacts(task: Task, events: Sequence[Event], folder: str) -> list[Violation]:

@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PEERS = ROOT / "bench" / "peers.py"
 #: What needs nothing beyond ninelives: always run, never left out.
-REQUIRED = {"minimal", "ninelives", "ninelives-cli", "raw"}
+REQUIRED = {"minimal", "ninelives", "ninelives-workflow", "ninelives-cli", "raw"}
 
 
 def _peers() -> ModuleType:
@@ -64,12 +64,18 @@ def test_every_installed_system_completes_every_task(tmp_path: Path) -> None:
         # Equal durability where it is set; DBOS's default is its rollback journal.
         assert row["journal_mode"] == ("delete" if name == "dbos-default" else "wal"), name
     assert set(result["ninelives_vs"]) >= {"minimal"}
+    # The workflow row beside the plan row and the peers' own workflows, same run.
+    assert set(result["workflow_vs"]) == {"ninelives"} | (
+        set(systems) & set(_peers().WORKFLOW_PEERS)
+    )
     if shutil.which("strace"):
         # 7 commits a task (create, then running and done of 3 steps) and the
         # artifact's file and folder fsyncs: the counts are of the tasks alone.
         counts = systems["minimal"]["syscalls_per_task"]
         assert counts["fdatasync"] == 7.0
         assert counts["fsync"] == 2.0
+        # The workflow publishes through the same tool code: the same 2 fsyncs a task.
+        assert systems["ninelives-workflow"]["syscalls_per_task"]["fsync"] == 2.0
         assert systems["raw"]["syscalls_per_task"]["fdatasync"] == 6.0
         assert all(row["syscalls_per_task"] is not None for row in systems.values())
 

@@ -29,6 +29,20 @@ and passes only if the checks *fail*; give ``negative_env`` a variable that
 makes your own tool skip its idempotency key. Without one, the control plants
 a duplicate artifact and requires the checks to notice.
 
+A workflow (``@ninelives.workflow``) is tested the same way: name it, its
+arguments and the module that defines it instead of a plan::
+
+    test_triage = kill_matrix(workflow="triage", args=["T-7"], tools="triage_app")
+
+The module is imported by every ``ninelives`` process the kit runs, from the
+installed packages or from the test file's folder. A workflow's steps are
+known only by running it, so the kit runs it once, uninterrupted, when the
+cases are generated: every step it called gets the three crash points (and the
+artifact points, for steps named in ``artifact_tools``), and every resumed run
+must call the same steps. ``effects`` (a callable given the scratch folder)
+reads what the steps did outside the artifacts folder; what it returns after
+every resumed run must equal what it returns after the uninterrupted one.
+
 The same cases are available without the helper: mark a test
 ``@pytest.mark.ninelives("plan.json", files=...)`` (or set the ini option
 ``ninelives_plan``) and take the ``ninelives_case`` argument; see
@@ -60,6 +74,8 @@ HOLD_DELAY = "60"
 #: Seconds each step sleeps in the outside-kill case, which kills mid-step 1.
 OUTSIDE_DELAY = "1"
 KILLED = -signal.SIGKILL
+#: What an uninterrupted run leaves: its artifacts, and what ``effects`` read.
+Baseline = tuple[dict[str, str], Any]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,44 +108,105 @@ class Outcome:
 
 
 class KillKit:
-    """A plan under test and the workspace its tools need.
+    """A plan or a workflow under test and the workspace its steps need.
 
     ``plan`` is a plan file (relative paths resolve against ``base``) or plan
-    JSON as a dict; ``files`` maps relative paths to text written into every
-    scratch folder before the task is created; ``env`` adds variables for every
-    command; ``artifact_tools`` names the tools that publish with
+    JSON as a dict; or else ``workflow`` names a workflow, ``args`` are its
+    arguments (a list: positional, a dict: keyword; they must be JSON) and
+    ``tools`` the module(s) that define it (comma-separated, as ``--tools``).
+    ``files`` maps relative paths to text written into every scratch folder
+    before the task is created; ``env`` adds variables for every command;
+    ``artifact_tools`` names the tools (or workflow steps) that publish with
     :func:`~ninelives.tools.effects.publish_once` (their steps also get the
-    artifact crash points); ``negative_env`` is described in the module docs.
+    artifact crash points); ``negative_env`` and ``effects`` are described in
+    the module docs.
     """
 
     def __init__(
         self,
-        plan: str | os.PathLike[str] | Mapping[str, Any],
+        plan: str | os.PathLike[str] | Mapping[str, Any] | None = None,
         *,
+        workflow: str | None = None,
+        args: Sequence[Any] | Mapping[str, Any] = (),
+        tools: str | None = None,
         files: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
         base: str | os.PathLike[str] | None = None,
         task_id: str = "kill-test",
         artifact_tools: Sequence[str] = ("write_artifact",),
         negative_env: Mapping[str, str] | None = None,
+        effects: Callable[[Path], Any] | None = None,
     ) -> None:
-        if isinstance(plan, Mapping):
-            self.plan: dict[str, Any] = json.loads(json.dumps(plan))
-        else:
-            path = Path(base or ".") / Path(plan)
-            self.plan = json.loads(path.read_text(encoding="utf-8"))
-        steps = self.plan.get("steps")
-        if not isinstance(steps, list) or not steps:
-            raise ValueError("the plan has no steps")
+        if (plan is None) == (workflow is None):
+            raise ValueError("give a plan or a workflow, not both or neither")
         self.files = dict(files or {})
         self.env = dict(env or {})
         self.task_id = task_id
         self.artifact_tools = tuple(artifact_tools)
-        self.tools = [str(step.get("tool")) for step in steps]
-        if negative_env is None and "write_artifact" in self.tools:
+        self.effects = effects
+        self.workflow = workflow
+        self._plan: dict[str, Any] | None = None
+        if workflow is not None:
+            positional = not isinstance(args, Mapping)
+            value = list(args) if positional else dict(args)
+            # Refused here as create would refuse it: NaN, infinities, what is not JSON.
+            self.args = json.dumps(value, allow_nan=False, sort_keys=True)
+            if tools is not None:
+                self.env.setdefault("NINELIVES_TOOLS", tools)
+            # A module beside the test file loads in every child process.
+            folder = os.path.abspath(base or ".")
+            inherited = self.env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+            self.env["PYTHONPATH"] = os.pathsep.join(p for p in (folder, inherited) if p)
+        elif isinstance(plan, Mapping):
+            self._plan = json.loads(json.dumps(plan))
+        elif plan is not None:
+            path = Path(base or ".") / Path(plan)
+            self._plan = json.loads(path.read_text(encoding="utf-8"))
+        if self._plan is not None:
+            steps = self._plan.get("steps")
+            if not isinstance(steps, list) or not steps:
+                raise ValueError("the plan has no steps")
+        if negative_env is None and workflow is None and "write_artifact" in self.tools:
             negative_env = {"AGENT_UNSAFE_EFFECTS": "1"}
         self.negative_env = dict(negative_env) if negative_env is not None else None
-        self._baselines: dict[str, dict[str, str]] = {}
+        self._baselines: dict[str, tuple[dict[str, str], Any]] = {}
+
+    @property
+    def plan(self) -> dict[str, Any]:
+        """The plan; for a workflow, the steps its uninterrupted run called, as a plan's
+        steps (``{"steps": [{"tool": NAME}, ...]}``), which every resumed run must match."""
+        if self._plan is None:
+            self._plan = self._discover()
+        return self._plan
+
+    @property
+    def tools(self) -> list[str]:
+        """The tool of each step (a workflow's: each step's name), in order."""
+        return [str(step.get("tool")) for step in self.plan["steps"]]
+
+    @property
+    def subject(self) -> tuple[str, ...]:
+        """What follows ``create TASK``: the plan file, or ``--workflow NAME --args JSON``."""
+        if self.workflow is None:
+            return ("plan.json",)
+        return ("--workflow", self.workflow, "--args", self.args)
+
+    def _discover(self) -> dict[str, Any]:
+        """Run the workflow once, uninterrupted, in a scratch folder: its steps."""
+        import shutil
+        import tempfile
+
+        folder = tempfile.mkdtemp(prefix="ninelives-kit-")
+        try:
+            lab = self.lab(folder)
+            _expect(lab.cli("create", self.task_id, *self.subject), 0, "workflow create")
+            _expect(lab.cli("run", self.task_id), 0, "workflow run")
+            steps = lab.snapshot(self.task_id).status["steps"]
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        if not steps:
+            raise ValueError(f"workflow {self.workflow!r} called no step")
+        return {"steps": [{"tool": step["tool"]} for step in steps]}
 
     # -- the cases ------------------------------------------------------------
 
@@ -166,7 +243,8 @@ class KillKit:
         lab = Lab(Path(folder), base_env={**self.env, **(env or {})})
         for relpath, text in self.files.items():
             lab.write(relpath, text)
-        lab.write_plan(self.plan)
+        if self.workflow is None:
+            lab.write_plan(self.plan)
         return lab
 
     def expected_artifacts(
@@ -174,12 +252,19 @@ class KillKit:
     ) -> dict[str, str]:
         """What an uninterrupted run leaves in the artifacts folder (computed once
         per environment, in ``folder``)."""
+        return self._baseline(folder, env)[0]
+
+    def _baseline(
+        self, folder: str | os.PathLike[str], env: Mapping[str, str] | None = None
+    ) -> tuple[dict[str, str], Any]:
+        """The artifacts and the ``effects`` of an uninterrupted run, once per environment."""
         key = json.dumps(sorted((env or {}).items()))
         if key not in self._baselines:
             lab = self.lab(folder, env)
-            _expect(lab.cli("create", self.task_id, "plan.json"), 0, "baseline create")
+            _expect(lab.cli("create", self.task_id, *self.subject), 0, "baseline create")
             _expect(lab.cli("run", self.task_id), 0, "baseline run")
-            self._baselines[key] = lab.artifacts()
+            effects = self.effects(lab.root) if self.effects is not None else None
+            self._baselines[key] = (lab.artifacts(), effects)
         return self._baselines[key]
 
     def check(self, case: KillCase, folder: str | os.PathLike[str]) -> Outcome:
@@ -187,7 +272,7 @@ class KillKit:
         root = Path(folder)
         if case.kind == "negative_control":
             return self._negative_control(root)
-        expected = self.expected_artifacts(root / "baseline")
+        expected = self._baseline(root / "baseline")
         lab = self.lab(root / "case")
         try:
             outcome = self._drive(lab, case, expected)
@@ -200,23 +285,23 @@ class KillKit:
             )
         return outcome
 
-    def _drive(self, lab: Lab, case: KillCase, expected: Mapping[str, str]) -> Outcome:
+    def _drive(self, lab: Lab, case: KillCase, expected: Baseline) -> Outcome:
         task = self.task_id
         if case.kind == "baseline":
-            _expect(lab.cli("create", task, "plan.json"), 0, "create")
+            _expect(lab.cli("create", task, *self.subject), 0, "create")
             _expect(lab.cli("run", task), 0, "run")
             return self._finish(lab, None, 1, expected)
         if case.point == "create_before_commit":
             _expect(
-                lab.cli("create", task, "plan.json", AGENT_CRASH_AT=case.point),
+                lab.cli("create", task, *self.subject, AGENT_CRASH_AT=case.point),
                 KILLED,
                 "create killed before its commit",
             )
             _expect(lab.cli("status", task), 1, "status after the killed create (nothing stored)")
-            _expect(lab.cli("create", task, "plan.json"), 0, "create again")
+            _expect(lab.cli("create", task, *self.subject), 0, "create again")
             _expect(lab.cli("run", task), 0, "run")
             return self._finish(lab, None, 1, expected)
-        _expect(lab.cli("create", task, "plan.json"), 0, "create")
+        _expect(lab.cli("create", task, *self.subject), 0, "create")
         if case.kind == "outside_kill":
             return self._outside_kill(lab, expected)
         if case.kind == "lock":
@@ -258,7 +343,7 @@ class KillKit:
             raise
         return proc
 
-    def _outside_kill(self, lab: Lab, expected: Mapping[str, str]) -> Outcome:
+    def _outside_kill(self, lab: Lab, expected: Baseline) -> Outcome:
         step = min(1, self.last_step)
         proc = self._hold(lab, step, OUTSIDE_DELAY)
         code = Lab.kill(proc)
@@ -270,7 +355,7 @@ class KillKit:
         _expect(lab.cli("run", self.task_id), 0, "resume")
         return self._finish(lab, before, 2, expected)
 
-    def _lock(self, lab: Lab, expected: Mapping[str, str]) -> Outcome:
+    def _lock(self, lab: Lab, expected: Baseline) -> Outcome:
         proc = self._hold(lab, 0, HOLD_DELAY)
         started = time.monotonic()
         second = lab.cli("run", self.task_id, timeout=60)
@@ -288,9 +373,7 @@ class KillKit:
             after=outcome.after, artifacts=outcome.artifacts, problems=problems + outcome.problems
         )
 
-    def _finish(
-        self, lab: Lab, before: Snapshot | None, runs: int, expected: Mapping[str, str]
-    ) -> Outcome:
+    def _finish(self, lab: Lab, before: Snapshot | None, runs: int, expected: Baseline) -> Outcome:
         after = lab.snapshot(self.task_id)
         artifacts = lab.artifacts()
         problems = five_property_violations(
@@ -299,8 +382,12 @@ class KillKit:
             before=before,
             runs=runs,
             artifacts=artifacts,
-            expected_artifacts=expected,
+            expected_artifacts=expected[0],
         )
+        if self.effects is not None:
+            effects = self.effects(lab.root)
+            if effects != expected[1]:
+                problems.append(f"effects {effects!r} != expected {expected[1]!r}")
         verified = lab.cli("verify", self.task_id, "--artifacts", str(lab.artifacts_dir))
         if verified.returncode != 0:
             problems.append(
@@ -313,9 +400,9 @@ class KillKit:
         step = self.effect_step
         env = self.negative_env
         if env is not None:
-            expected = self.expected_artifacts(root / "baseline-unsafe", env)
+            expected = self._baseline(root / "baseline-unsafe", env)
             lab = self.lab(root / "case", env)
-            _expect(lab.cli("create", self.task_id, "plan.json"), 0, "create")
+            _expect(lab.cli("create", self.task_id, *self.subject), 0, "create")
             crash = f"after_effect:{step}"
             _expect(
                 lab.cli("run", self.task_id, AGENT_CRASH_AT=crash),
@@ -327,14 +414,14 @@ class KillKit:
             outcome = self._finish(lab, before, 2, expected)
             what = f"with {env} the effect of step {step} ran twice"
         else:
-            expected = self.expected_artifacts(root / "baseline")
+            expected = self._baseline(root / "baseline")
             lab = self.lab(root / "case")
-            _expect(lab.cli("create", self.task_id, "plan.json"), 0, "create")
+            _expect(lab.cli("create", self.task_id, *self.subject), 0, "create")
             _expect(lab.cli("run", self.task_id), 0, "run")
-            name = next(iter(expected), "planted.md")
+            name = next(iter(expected[0]), "planted.md")
             lab.write(
                 str(lab.artifacts_dir.relative_to(lab.root) / f"copy-of-{name}"),
-                expected.get(name, "planted"),
+                expected[0].get(name, "planted"),
             )
             outcome = self._finish(lab, None, 1, expected)
             what = "a duplicate artifact was planted"
@@ -408,13 +495,14 @@ def bound_cases(kit: KillKit) -> list[BoundCase]:
 
 
 def kill_matrix(
-    plan: str | os.PathLike[str] | Mapping[str, Any], **options: Any
+    plan: str | os.PathLike[str] | Mapping[str, Any] | None = None, **options: Any
 ) -> Callable[..., None]:
-    """A pytest test function that runs every case of ``plan``'s kill matrix.
+    """A pytest test function that runs every case of ``plan``'s kill matrix
+    (or, with ``workflow=NAME``, of that workflow's).
 
     Assign it to a ``test_*`` name in a test module. A relative plan path is
-    resolved against the calling module's folder; ``options`` are those of
-    :class:`KillKit`.
+    resolved against the calling module's folder, which is also where a
+    workflow's module is found; ``options`` are those of :class:`KillKit`.
     """
     import pytest
 

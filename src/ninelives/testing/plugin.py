@@ -14,6 +14,9 @@ else from the ini option::
     def test_my_plan(ninelives_case, tmp_path):
         ninelives_case.check(tmp_path)
 
+A workflow takes the marker's keywords instead of a plan:
+``@pytest.mark.ninelives(workflow="triage", args=["T-7"], tools="triage_app")``.
+
 A marker's relative plan path resolves against the test file's folder, the
 ini option's against the rootdir. ``ninelives_lab`` gives any test a scratch
 :class:`~ninelives.testing.lab.Lab` whose spawned processes are killed at teardown.
@@ -60,13 +63,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if marker is not None and marker.args:
         plan: Any = marker.args[0]
         options.setdefault("base", os.path.dirname(str(metafunc.definition.path)))
-    elif "plan" in options:
-        plan = options.pop("plan")
+    elif "plan" in options or "workflow" in options:
+        plan = options.pop("plan", None)
         options.setdefault("base", os.path.dirname(str(metafunc.definition.path)))
     else:
         plan = metafunc.config.getini("ninelives_plan")
         options.setdefault("base", str(metafunc.config.rootpath))
-    if not plan:
+    if not plan and not options.get("workflow"):
         raise pytest.UsageError(
             f"{metafunc.definition.nodeid} takes {CASE_ARG} but names no plan: mark it "
             "@pytest.mark.ninelives('plan.json') or set the ini option ninelives_plan"
