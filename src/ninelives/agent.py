@@ -103,8 +103,14 @@ def parse_spec(raw: Any) -> AgentSpec:
 def check_spec_tools(spec: AgentSpec, lookup: Callable[[str], Any]) -> None:
     """Every tool the agent may call exists and declares a JSON Schema, and the
     validator that checks calls against them is installed."""
+    check_callable(spec.tools, lookup)
+
+
+def check_callable(names: Sequence[str], lookup: Callable[[str], Any]) -> None:
+    """Every tool in ``names`` exists and declares a JSON Schema, and the validator
+    that checks calls against them is installed (:class:`PlanError` if not)."""
     require_validator()
-    for name in spec.tools:
+    for name in names:
         tool = lookup(name)
         if getattr(tool, "schema", None) is None:
             raise PlanError(

@@ -206,11 +206,22 @@ def invariant_violations(events: Iterable[Event]) -> list[str]:
 MODEL_TOOLS = frozenset({"llm", "agent"})
 
 
+def step_usage(output: Any) -> Any:
+    """The ``usage`` a step's output reports: its own, or, for a workflow step
+    (stored as ``{"value": ...}``), its value's; None when it reports none."""
+    if not isinstance(output, dict):
+        return None
+    if "usage" in output:
+        return output["usage"]
+    value = output.get("value") if len(output) == 1 else None
+    return value.get("usage") if isinstance(value, dict) else None
+
+
 def calls_models(task: Task) -> bool:
-    """True when the task has a model step (``llm``, ``agent``, or an output with ``usage``)."""
+    """True when the task has a model step (``llm``, ``agent``, or an output with
+    ``usage``: a workflow's ``ctx.chat`` and framework model steps report it too)."""
     return any(
-        step.tool in MODEL_TOOLS or (step.output is not None and "usage" in step.output)
-        for step in task.steps
+        step.tool in MODEL_TOOLS or step_usage(step.output) is not None for step in task.steps
     )
 
 
@@ -227,7 +238,7 @@ def model_usage(task: Task, events: Iterable[Event]) -> dict[str, Any]:
     tokens = {"input_tokens": 0, "output_tokens": 0}
     model_steps = set()
     for step in task.steps:
-        usage = step.output.get("usage") if step.output is not None else None
+        usage = step_usage(step.output)
         if step.status is StepStatus.DONE and isinstance(usage, dict):
             model_steps.add(step.idx)
             for key in tokens:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import crashpoints
 from .blobs import escape, needs_escape
+from .chat import ChatCalls
 from .durable import ACTIVE, CURRENT, StepFunction, Workflow, WorkflowSpec, lookup, spec_of
 from .errors import (
     CommitUnknown,
@@ -66,7 +67,7 @@ def value_of(output: Mapping[str, Any] | None) -> Any:
     return output
 
 
-class WorkflowContext:
+class WorkflowContext(ChatCalls):
     """The ``ctx`` a workflow function gets first: every call on it is durable."""
 
     def __init__(

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .chat import AsyncChatCalls
 from .durable import CURRENT
 from .errors import CommitUnknown
 from .models import Step
@@ -22,7 +23,7 @@ from .policy import StepTimeout, limits_for
 from .replay import WorkflowContext, _caller, _encode, _policy_of, value_of
 
 
-class AsyncWorkflowContext(WorkflowContext):
+class AsyncWorkflowContext(AsyncChatCalls, WorkflowContext):
     """``ctx`` of an async workflow: :meth:`step` is awaited; ``now``, ``uuid``
     and ``random`` are awaited too."""
 

@@ -1,0 +1,75 @@
+"""The one seam between a framework's async hooks and a workflow's steps.
+
+A framework calls its model and its tools from coroutines, also when the
+workflow is a plain ``def`` that calls ``agent.run_sync(...)``: that runs an
+event loop in the workflow's own thread. :func:`durable` makes one awaited
+durable step there, on a sync workflow's context as on an async one's, with
+the same two commits, crash points, attempts and recovery as ``ctx.step``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, NoReturn
+
+from ..durable import ACTIVE, CURRENT
+
+
+def in_workflow() -> bool:
+    """True inside a running workflow and outside any of its steps: where a model
+    request or a tool call should be a durable step of its own."""
+    return ACTIVE.get() is not None and CURRENT.get() is None
+
+
+async def durable(
+    name: str,
+    fn: Callable[..., Awaitable[Any]],
+    policy: Mapping[str, Any] | None = None,
+    *args: Any,
+) -> Any:
+    """Await ``fn(*args)`` as the running workflow's next step ``name`` with the
+    step ``policy`` (``@ninelives.step``'s keywords); its value, from the journal
+    when the step is done already."""
+    from ..durable import step
+    from ..replay import _caller, value_of
+    from ..replay_async import AsyncWorkflowContext
+
+    ctx = ACTIVE.get()
+    target: Any = step(name, **dict(policy))(fn) if policy else fn
+    found, attempt = ctx._enter(name, target, args, {})
+    if attempt is None:
+        return value_of(found.output)
+    rules = dict(target.policy) if policy else {}
+    # The async attempt loop, on whichever context runs: it only awaits `fn`
+    # between the commits the sync context makes.
+    return await AsyncWorkflowContext._attempts_async(
+        ctx, found, attempt, _caller(target, args, {}), rules
+    )
+
+
+_LOCKS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def one_at_a_time() -> Any:
+    """An async context manager that lets one tool step of the running workflow
+    run at a time, in the order the calls reach it (an ``asyncio.Lock`` is fair):
+    a framework that starts a response's tool calls concurrently still makes
+    their steps one after another."""
+    import asyncio
+
+    ctx = ACTIVE.get()
+    lock = _LOCKS.get(ctx)
+    if lock is None:
+        lock = _LOCKS[ctx] = asyncio.Lock()
+    return lock
+
+
+def refuse(error: BaseException) -> NoReturn:
+    """End the running workflow's run with ``error`` (a
+    :class:`~ninelives.errors.WorkflowError`): kept on its context, so a
+    workflow that catches it is refused all the same, as for a divergence."""
+    ctx = ACTIVE.get()
+    if ctx is not None:
+        ctx.dead = error
+    raise error

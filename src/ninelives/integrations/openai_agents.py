@@ -1,0 +1,201 @@
+"""OpenAI Agents SDK agents that survive SIGKILL: wrap the agent, keep the Runner.
+
+::
+
+    from agents import Agent, Runner
+    from ninelives.integrations.openai_agents import durable
+
+    agent = durable(Agent(name="notes", model=model, tools=[get_note, post_note]))
+
+    @ninelives.workflow("notes")
+    def notes(ctx, question):
+        return Runner.run_sync(agent, question).final_output   # or `await Runner.run(...)`
+
+:func:`durable` returns a copy of the agent whose model and function tools
+ninelives wraps, through the SDK's own extension points: a
+:class:`~agents.models.interface.Model` that delegates to the agent's model,
+and each :class:`~agents.FunctionTool` with its ``on_invoke_tool`` wrapped (the
+places the SDK's Temporal integration puts its activities). Inside a ninelives
+workflow each model call is a durable step named ``model:<agent name>``,
+read back through the SDK's own types and never asked again, and each
+function-tool call a step named ``tool:<tool name>`` whose JSON result is
+never computed again; a tool function sees ``ninelives.current_step()`` and
+its ``idem_key``. Handoff agents are wrapped too. Outside a workflow, and
+inside a step of one, the agent behaves exactly as the one it was made from.
+
+Tool calls of one model response run one at a time, in the order the tasks
+the SDK starts for them reach the tool; the result a replay hands a call is
+checked against its call id, so a replay that met them in another order stops
+with an error instead of giving one call another's result. A tool error the
+SDK turns into a message for the model (its default ``failure_error_function``)
+is that call's committed result, as the model read it; a tool made with
+``failure_error_function=None`` raises instead, a ``step_error`` retried by the
+step policy given for it in ``tools=``. Streamed runs (``Runner.run_streamed``)
+are not durable: inside a workflow they are refused.
+
+Tested with ``openai-agents`` in :data:`SUPPORTED`; importing this module with
+another version raises :class:`~ninelives.integrations.FrameworkVersionError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from . import require
+
+#: The ``openai-agents`` releases this module is tested with: ``>=`` first, ``<`` second.
+SUPPORTED = ("0.24", "0.25")
+require("openai-agents", *SUPPORTED, extra="openai-agents")
+
+from agents import Agent, FunctionTool, Model, ModelResponse  # noqa: E402
+from pydantic import TypeAdapter, ValidationError  # noqa: E402
+from pydantic_core import to_jsonable_python  # noqa: E402
+
+from ..errors import WorkflowDiverged, WorkflowError  # noqa: E402
+from ._steps import durable as durable_step  # noqa: E402
+from ._steps import in_workflow, one_at_a_time, refuse  # noqa: E402
+
+__all__ = ["SUPPORTED", "DurableModel", "durable", "durable_tool"]
+
+_RESPONSE = TypeAdapter(ModelResponse)
+
+
+class DurableModel(Model):
+    """A :class:`~agents.models.interface.Model` whose every ``get_response``
+    inside a workflow is one durable step named ``model:<name>``."""
+
+    def __init__(self, model: Model | str | None, *, name: str) -> None:
+        self._model = model
+        self.name = name
+
+    def _inner(self) -> Model:
+        if isinstance(self._model, Model):
+            return self._model
+        from agents.models.multi_provider import MultiProvider
+
+        self._model = MultiProvider().get_model(self._model)
+        return self._model
+
+    async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+        """The inner model's response; inside a workflow, asked once and read back."""
+        if not in_workflow():
+            return await self._inner().get_response(*args, **kwargs)
+
+        async def ask() -> dict[str, Any]:
+            return encode_response(await self._inner().get_response(*args, **kwargs))
+
+        return decode_response(await durable_step(f"model:{self.name}", ask))
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        """The inner model's stream; refused inside a workflow (not durable)."""
+        if in_workflow():
+            refuse(
+                WorkflowError(
+                    f"model:{self.name}: a streamed run is not durable; use Runner.run or "
+                    "Runner.run_sync inside a ninelives workflow"
+                )
+            )
+        return self._inner().stream_response(*args, **kwargs)
+
+
+def durable_tool(tool: FunctionTool, policy: Mapping[str, Any] | None = None) -> FunctionTool:
+    """A copy of ``tool`` whose every call inside a workflow is one durable step
+    named ``tool:<name>`` with the step ``policy`` (``@ninelives.step``'s keywords)."""
+    invoke = tool.on_invoke_tool
+    name = f"tool:{tool.name}"
+
+    async def on_invoke_tool(context: Any, arguments: str) -> Any:
+        if not in_workflow():
+            return await invoke(context, arguments)
+        call_id = str(getattr(context, "tool_call_id", "") or "")
+
+        async def execute(call: str, given: str) -> dict[str, Any]:
+            return {"call_id": call, "return": to_jsonable_python(await invoke(context, given))}
+
+        async with one_at_a_time():
+            stored = await durable_step(name, execute, policy, call_id, arguments)
+        return answer(name, call_id, stored)
+
+    return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool)
+
+
+def answer(name: str, call_id: str, stored: Any) -> Any:
+    """The result a tool step stored for ``call_id``; :class:`~ninelives.errors.WorkflowDiverged`
+    when it belongs to another call (exit 12, nothing written)."""
+    if not isinstance(stored, dict) or "return" not in stored:
+        refuse(
+            WorkflowError(f"{name}: the stored result is not a tool result; nothing was written")
+        )
+    if stored.get("call_id") != call_id:
+        refuse(
+            WorkflowDiverged(
+                f"{name}: the journal holds the result of call {stored.get('call_id')!r} where the "
+                f"replay runs call {call_id!r}: the tool calls ran in another order than before; "
+                "nothing was written"
+            )
+        )
+    return stored["return"]
+
+
+def durable(
+    agent: Agent[Any],
+    *,
+    tools: Mapping[str, Mapping[str, Any]] | None = None,
+    _seen: dict[int, Agent[Any]] | None = None,
+) -> Agent[Any]:
+    """A copy of ``agent`` (and of the agents it hands off to) whose model calls
+    and function-tool calls are durable steps inside a ninelives workflow.
+
+    ``tools`` maps a tool's name to the step policy of its calls, say
+    ``{"post_note": {"on_unknown": "refuse"}}``. The agent given is left as it was.
+    """
+    seen = {} if _seen is None else _seen
+    if id(agent) in seen:
+        return seen[id(agent)]
+    model = agent.model if isinstance(agent.model, DurableModel) else None
+    wrapped = agent.clone(model=model or DurableModel(agent.model, name=_step_name(agent.name)))
+    seen[id(agent)] = wrapped
+    policies = dict(tools or {})
+    wrapped.tools = [
+        durable_tool(t, policies.get(t.name)) if isinstance(t, FunctionTool) else t
+        for t in agent.tools
+    ]
+    wrapped.handoffs = [
+        durable(h, tools=tools, _seen=seen) if isinstance(h, Agent) else h for h in agent.handoffs
+    ]
+    return wrapped
+
+
+def _step_name(name: str) -> str:
+    """An agent's name as step names allow it (letters, digits, ``_.:-``)."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9_.:-]", "_", name)[:100] or "agent"
+
+
+def encode_response(response: ModelResponse) -> dict[str, Any]:
+    """A model response as a step stores it: the SDK's own types as JSON, plus the
+    token counts ``ninelives status`` sums."""
+    usage = response.usage
+    return {
+        "response": _RESPONSE.dump_python(response, mode="json"),
+        "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens},
+    }
+
+
+def decode_response(stored: Any) -> ModelResponse:
+    """The response a step stored, read back; :class:`~ninelives.errors.WorkflowError`
+    (exit 12, one line, nothing written) for one this version cannot read."""
+    raw = stored.get("response") if isinstance(stored, dict) else None
+    try:
+        return _RESPONSE.validate_python(raw)
+    except (ValidationError, ValueError, TypeError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        refuse(
+            WorkflowError(
+                f"a stored model response cannot be read back: {first}; nothing was written "
+                "(run the task with the framework version that journaled it)"
+            )
+        )

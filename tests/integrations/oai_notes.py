@@ -1,0 +1,123 @@
+"""An OpenAI Agents SDK agent with two tools, as a user's module (copied into a lab).
+
+Its scripted model asks for ``read_note`` and ``post_note`` in one response,
+then answers with what they returned. Every model call and every tool
+execution appends a line to ``$NOTES_LOG``; ``post_note`` publishes
+``notes/<idem_key>.txt`` once. ``NOTES_DURABLE=0`` leaves the agent unwrapped
+(the negative control). The SDK loads only when a workflow runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import ninelives
+from ninelives.tools.effects import publish_once
+
+
+def log(line: str) -> None:
+    with open(os.environ.get("NOTES_LOG", "calls.log"), "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def build() -> Any:
+    from agents import Agent, Model, ModelResponse, Usage, function_tool
+    from openai.types.responses import (
+        ResponseFunctionToolCall,
+        ResponseOutputMessage,
+        ResponseOutputText,
+    )
+
+    from ninelives.integrations.openai_agents import durable
+
+    class Scripted(Model):
+        async def get_response(
+            self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any
+        ) -> Any:
+            log("model")
+            items = input if isinstance(input, list) else []
+            outputs = [
+                i["output"]
+                for i in items
+                if isinstance(i, dict) and i.get("type") == "function_call_output"
+            ]
+            usage = Usage(requests=1, input_tokens=20, output_tokens=5, total_tokens=25)
+            if not outputs:
+                calls = [
+                    ResponseFunctionToolCall(
+                        type="function_call",
+                        call_id=f"call_{n}",
+                        name=name,
+                        arguments=json.dumps(arguments),
+                        id=f"fc_{n}",
+                        status="completed",
+                    )
+                    for n, (name, arguments) in enumerate(
+                        [
+                            ("read_note", {"name": "a.txt"}),
+                            ("post_note", {"text": "remember the milk"}),
+                        ],
+                        start=1,
+                    )
+                ]
+                return ModelResponse(output=calls, usage=usage, response_id=None)
+            text = "done: " + json.dumps(sorted(str(o) for o in outputs))
+            message = ResponseOutputMessage(
+                type="message", id="msg_1", role="assistant", status="completed",
+                content=[ResponseOutputText(type="output_text", text=text, annotations=[])],
+            )  # fmt: skip
+            return ModelResponse(output=[message], usage=usage, response_id=None)
+
+        def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError
+
+    @function_tool
+    def read_note(name: str) -> str:
+        """Read a note from the input folder."""
+        log("tool:read_note")
+        return Path("input", name).read_text(encoding="utf-8")
+
+    @function_tool
+    def post_note(text: str) -> dict[str, Any]:
+        """Post a note, once per step."""
+        step = ninelives.current_step()
+        key = step.idem_key if step is not None else "plain"
+        log(f"tool:post_note {key}")
+        os.makedirs("notes", exist_ok=True)
+        publish_once("notes", f"{key}.txt", text.encode())
+        return {"posted": key}
+
+    agent = Agent(name="notes", model=Scripted(), tools=[read_note, post_note])
+    return durable(agent) if os.environ.get("NOTES_DURABLE", "1") != "0" else agent
+
+
+def run_config() -> Any:
+    from agents import RunConfig
+
+    return RunConfig(tracing_disabled=True)
+
+
+def report(answer: str) -> dict[str, Any]:
+    log("report")
+    return {"words": len(answer.split())}
+
+
+@ninelives.workflow("notes_sync")
+def notes_sync(ctx: Any, question: str) -> dict[str, Any]:
+    from agents import Runner
+
+    answer = Runner.run_sync(build(), question, run_config=run_config()).final_output
+    return {"answer": answer, "report": ctx.step("report", report, answer)}
+
+
+@ninelives.workflow("notes_async")
+async def notes_async(ctx: Any, question: str) -> dict[str, Any]:
+    from agents import Runner
+
+    answer = (await Runner.run(build(), question, run_config=run_config())).final_output
+    return {"answer": answer, "report": await ctx.step("report", report, answer)}
