@@ -244,7 +244,7 @@ def arguments(raw: Any) -> tuple[list[Any], dict[str, Any]]:
 
 def parse_arguments(text: str) -> tuple[list[Any], dict[str, Any]]:
     """``--args`` text: standard JSON only (no NaN, no ``1e999``), at most
-    :data:`~ninelives.plan.MAX_DEPTH` deep; :class:`PlanError` (exit 4) otherwise."""
+    :data:`~ninelives.models.MAX_DEPTH` deep; :class:`PlanError` (exit 4) otherwise."""
     import json
 
     from .plan import _reject_constant
@@ -281,9 +281,10 @@ def prepare(
     """The plan a workflow task is stored as: its goal (the spec), no step.
     Raises :class:`~ninelives.errors.InvalidTaskId` or :class:`PlanError` for
     arguments a store cannot keep as standard JSON, or nested more than
-    :data:`~ninelives.plan.MAX_DEPTH` levels; touches no store."""
+    :data:`~ninelives.models.MAX_DEPTH` levels; touches no store."""
     from .journal import storable
-    from .plan import MAX_DEPTH, MAX_PLAN_BYTES, Plan, _depth
+    from .models import MAX_DEPTH
+    from .plan import MAX_PLAN_BYTES, Plan, _depth
     from .runtime import check_task_id
 
     check_task_id(task_id)
