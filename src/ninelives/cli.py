@@ -163,9 +163,11 @@ def _plural(count: int, noun: str) -> str:
 
 # Characters that a terminal acts on instead of showing: C0 and C1 controls
 # (ESC, CSI, OSC, "\r", "\n"), DEL, and the bidirectional and line-separator
-# formats that reorder what is shown. Stored text (a plan's goal, a tool's
-# output or error, a file name) is data: in a human view it is escaped.
-_UNSAFE = "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]"
+# formats that reorder what is shown; and lone surrogates (undecodable bytes of
+# a file name or argument), which a UTF-8 stream cannot write at all. Stored
+# text (a plan's goal, a tool's output or error, a file name) is data: in a
+# human view it is escaped.
+_UNSAFE = "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]"
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 

@@ -44,6 +44,8 @@ def one_line(result: Result, code: int) -> str:
         (f"dbname = x password={SECRET}", True),
         ("  password=x", True),
         ("service=prod", True),
+        (f"bogus=1 password={SECRET} host=h", True),  # libpq refuses it: never a file
+        ("HOST=h", True),
         ("state.db", False),
         ("./host=x.db", False),  # the documented way to name such a file
         ("my=file.db", False),  # "=" alone does not make a connection string
@@ -65,6 +67,7 @@ def test_which_texts_are_postgres(text: str, postgres: bool) -> None:
         f"host=h password='{SECRET}' dbname=x",
         f"host=h password = {SECRET}",
         f"host=h password={SECRET}&more dbname=x",  # "&" ends a URL's value, not a keyword's
+        f"host=h password='open {SECRET}",  # a quote left open runs to the end
     ],
 )
 def test_a_keyword_strings_password_is_redacted(given: str) -> None:

@@ -13,6 +13,7 @@ import json
 import os
 import string
 import tempfile
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -247,3 +248,98 @@ def test_subprocess_inputs(plan: str, task_id: str, crash: str, tmp_path: Path) 
                 assert lab.cli("run", task_id, "-q").returncode in (0, 2)
                 verify = lab.cli("verify", "--all", "--artifacts", "artifacts")
             assert verify.returncode == 0, verify
+
+
+# -- --db strings: paths, URLs, libpq keyword strings, odd bytes ------------------------
+
+#: A password no output may ever hold, however the string around it is formed.
+PASSWORD = "pw-Zq81xK"
+#: Where every PostgreSQL form points: nothing listens there, so it is refused at once.
+CLOSED = ("127.0.0.1", "1")
+PW_AROUND = st.text(st.sampled_from("ab'\\ /?#@&:=%\"+"), max_size=4)
+PASSWORDS = st.builds(lambda a, b: a + PASSWORD + b, PW_AROUND, PW_AROUND)
+
+
+def _keywords(password: str, extra: list[tuple[str, str]], quoted: bool) -> str:
+    shown = "'" + password.replace("\\", "\\\\").replace("'", "\\'") + "'" if quoted else password
+    pairs = [*extra, ("password", shown), ("host", CLOSED[0]), ("port", CLOSED[1])]
+    return " ".join(f"{k}={v}" for k, v in pairs)
+
+
+KEYWORD_STRINGS = st.builds(
+    _keywords,
+    PASSWORDS,
+    st.lists(
+        st.tuples(
+            st.sampled_from(["dbname", "user", "sslmode", "connect_timeout", "bogus", "HOST"]),
+            st.text(st.sampled_from("xy1=' "), min_size=1, max_size=4),
+        ),
+        max_size=2,
+    ),
+    st.booleans(),
+)
+URLS = st.builds(
+    lambda scheme, password, quote, query: (
+        f"{scheme}://u:{password if not quote else urllib.parse.quote(password, safe='')}"
+        f"@{CLOSED[0]}:{CLOSED[1]}/db{query}"
+    ),
+    st.sampled_from(["postgresql", "postgres"]),
+    PASSWORDS.filter(lambda p: not set(p) & set("/?#@")),  # raw: libpq would read a host in it
+    st.booleans(),
+    st.sampled_from(["", "?sslmode=disable", f"?password={PASSWORD}", "?connect_timeout=x"]),
+) | PASSWORDS.map(lambda p: f"postgresql://u@{CLOSED[0]}:{CLOSED[1]}/db?password={p}")
+
+
+def _relative(text: str) -> bool:
+    # Nothing the fuzzer makes may name a place outside the scratch folder.
+    return not text.startswith(("/", "sqlite:///", "~")) and ".." not in text
+
+
+DB_PATHS = (
+    st.sampled_from(
+        [
+            "state.db",
+            "./host=x.db",
+            "sub/state.db",
+            "input",
+            "input/notes.txt",
+            "",
+            ".",
+            os.devnull,
+            "sqlite://",
+            "sqlite:x.db",
+            "sqlite:///nonexistent-ninelives/x.db",
+            "host=",
+            "password",
+            "my=file.db",
+        ]
+    )
+    | NASTY.filter(_relative)
+    | st.binary(min_size=1, max_size=12)
+    .map(lambda b: b.replace(b"\0", b"").decode("utf-8", "surrogateescape"))
+    .filter(_relative)
+)
+DB_STRINGS = DB_PATHS | KEYWORD_STRINGS | URLS
+
+
+def _listing(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+@FUZZ
+@given(db=DB_STRINGS, how=st.sampled_from(["--db", "--db=", "NINELIVES_DB"]))
+def test_any_db_string(db: str, how: str, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    from ninelives.store import is_postgres_url
+
+    # An environment cannot hold a NUL (nor argv: in this process it reaches the store).
+    env = {"NINELIVES_DB": db} if how == "NINELIVES_DB" and db and "\0" not in db else {}
+    given = [] if env else ([f"--db={db}"] if how == "--db=" else ["--db", db])
+    with scratch(monkeypatch, env) as root:
+        (root / "plan.json").write_text(json.dumps(GUIDE_PLAN), encoding="utf-8")
+        for args in (("status", "t"), ("ls",), ("create", "t", "plan.json"), ("export", "t")):
+            before = _listing(root)
+            code, out, err = call(capsys, *given, *args)
+            assert PASSWORD not in out + err, (db, out, err)
+            if code != 0 or is_postgres_url(db):
+                # Refused (or PostgreSQL, which nothing listens for here): no file made.
+                assert _listing(root) == before, (db, args, code)

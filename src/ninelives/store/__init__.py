@@ -712,10 +712,15 @@ def open_store(
     transactions are all read-only and that never migrates. ``lease`` and
     ``heartbeat`` (seconds) override :func:`lease_settings` on PostgreSQL.
     """
+    if "\0" in url:  # no file name or connection string holds one (the library API could)
+        raise StoreError("a database path or URL cannot hold a NUL character")
     if is_postgres_url(url):
         store = _postgres_store()
         lease_s, beat = lease_settings(lease=lease, heartbeat=heartbeat)
         return store(url, lease=lease_s, heartbeat=beat, readonly=readonly)  # type: ignore[no-any-return]
+    if url.startswith("sqlite:") and not url.startswith("sqlite:///"):
+        # Not a file named "sqlite:" (what "sqlite://" would create).
+        raise StoreError(f"a sqlite: URL names an absolute path, sqlite:///path (got {url})")
     path = url.removeprefix("sqlite://") if url.startswith("sqlite:///") else url
     if readonly:
         from .sqlite_reader import open_reader

@@ -23,8 +23,8 @@ from collections.abc import Iterable
 from urllib.parse import unquote
 
 MASK = "***"
-#: libpq's connection keywords (PostgreSQL 17, ``libpq-connect.html``): a text
-#: that starts with one of them and ``=`` is a keyword string, never a file name.
+#: libpq's connection keywords (PostgreSQL 17, ``libpq-connect.html``): a text of
+#: ``name=value`` pairs with one of them is a keyword string, never a file name.
 LIBPQ_KEYWORDS = frozenset(
     """host hostaddr port dbname user password passfile require_auth channel_binding
     connect_timeout client_encoding options application_name fallback_application_name
@@ -34,23 +34,37 @@ LIBPQ_KEYWORDS = frozenset(
     ssl_min_protocol_version ssl_max_protocol_version krbsrvname gsslib gssdelegation
     service target_session_attrs load_balance_hosts""".split()
 )
-_KEYWORD_START = re.compile(r"\s*([A-Za-z_]+)\s*=")
+_KEYWORD_START = re.compile(r"\s*[A-Za-z_]+\s*=")
+_KEYWORD = re.compile(r"(?:^|\s)([A-Za-z_]+)\s*=")
 #: Pieces of a password split by libpq's URL syntax are secrets too, down to this length.
 _MIN_PIECE = 3
-_QUERY_PASSWORD = re.compile(r"(?:^|[?&\s])password\s*=\s*('(?:[^'\\]|\\.)*'|[^&#\s]*)", re.I)
-#: In a keyword string a value ends only at white space (or its closing quote).
-_KEYWORD_PASSWORD = re.compile(r"(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'|\S*)", re.I)
+#: A URL's ``password=`` value ends at the next ``&name=``: an unescaped ``&`` inside
+#: it (``password=a&b``) leaves a piece libpq names in its error ("b"), and libpq
+#: has no fragment or spaces, so a ``#`` or a space is part of it.
+_QUERY_PASSWORD = re.compile(
+    r"(?:^|[?&\s])password\s*=\s*('(?:[^'\\]|\\.)*'|(?:[^&]|&(?![A-Za-z_]+=))*)", re.I
+)
+#: In a keyword string a value ends at its closing quote (a quote left open runs
+#: to the end), else at white space. Both readings are taken, and the second also
+#: takes the words after the value up to the next ``name=``: libpq names such a
+#: stray word of a password with a space (or after ``''``) in its error.
+_KEYWORD_PASSWORDS = (
+    re.compile(r"(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*(?:'|$))", re.I),
+    re.compile(r"(?:^|\s)password\s*=\s*(\S*(?:\s+(?![A-Za-z_]+\s*=)\S+)*)", re.I),
+)
 
 
 def is_keyword_string(text: str) -> bool:
     """True when ``text`` is a libpq keyword/value connection string: it starts
-    with a libpq keyword and ``=`` (``host=db dbname=x``, ``dbname = x``).
+    with ``name=`` and one of its ``name=`` pairs is a libpq keyword
+    (``host=db dbname=x``, ``dbname = x``, ``bogus=1 password=pw``).
 
     libpq itself takes any text with an ``=`` for one; a SQLite file name may
-    hold ``=`` too, so only a known keyword at the start counts (a file that
-    must be named so is written ``./host=x.db``)."""
-    match = _KEYWORD_START.match(text)
-    return match is not None and match.group(1).lower() in LIBPQ_KEYWORDS
+    hold ``=`` too, so only a known keyword counts (``my=file.db`` is a file; a
+    file that must be named like a keyword string is written ``./host=x.db``)."""
+    if _KEYWORD_START.match(text) is None:
+        return False
+    return any(m.group(1).lower() in LIBPQ_KEYWORDS for m in _KEYWORD.finditer(text))
 
 
 def _parsed_password(url: str) -> str | None:
@@ -79,15 +93,14 @@ def secrets_of(url: str) -> list[str]:
     """Every text in ``url`` that is, or may be part of, its password (longest first)."""
     found: set[str] = set()
     candidates = [_parsed_password(url), _userinfo_password(url)]
-    candidates += [m.group(1).strip("'") for m in _QUERY_PASSWORD.finditer(url)]
-    if "://" not in url:
-        candidates += [m.group(1).strip("'") for m in _KEYWORD_PASSWORD.finditer(url)]
+    patterns = (_QUERY_PASSWORD,) if "://" in url else _KEYWORD_PASSWORDS
+    candidates += [m.group(1).strip("'") for p in patterns for m in p.finditer(url)]
     for secret in candidates:
         if not secret:
             continue
         for form in (secret, unquote(secret)):
             found.add(form)
-            found.update(p for p in re.split(r"[/?#@&:]", form) if len(p) >= _MIN_PIECE)
+            found.update(p for p in re.split(r"[/?#@&:'\s]", form) if len(p) >= _MIN_PIECE)
     return sorted(found, key=lambda s: (-len(s), s))
 
 
