@@ -278,9 +278,9 @@ def test_control_without_the_escape_an_output_reads_as_a_reference(
 ) -> None:
     """The escape is what keeps a tool's output from being taken for a reference:
     without it, the output that looks like one reads back as a missing blob."""
-    from ninelives import runtime
+    from ninelives import journal
 
-    monkeypatch.setattr(runtime, "needs_escape", lambda output: False)
+    monkeypatch.setattr(journal, "needs_escape", lambda output: False)
     store = open_()
     with pytest.raises(BlobDamaged):
         _run(store, "t1", ["ref_like"])
