@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 from . import __version__
 from .cli_ops import EXAMPLES as OPS_EXAMPLES
-from .cli_ops import OPS
+from .cli_ops import OPS, workflow_task, workflow_view
 from .errors import (
     CommitUnknown,
     InputError,
@@ -343,7 +343,7 @@ def cmd_create(args: argparse.Namespace) -> int:
     # Id, plan and queue are checked before the database is opened: bad input
     # must not leave a new database file behind.
     if args.workflow is not None:
-        made = _workflow_task(args)
+        made = workflow_task(args)
     elif args.plan_file is None or args.args is not None:
         raise InputError(
             f"give a PLAN_FILE, or --workflow NAME [--args JSON] "
@@ -370,21 +370,6 @@ def cmd_create(args: argparse.Namespace) -> int:
         # The task is stored: saying only "error" would invite a second create.
         raise OutputFailed(f"task {task.id!r} was stored, but {exc}") from None
     return 0
-
-
-def _workflow_task(args: argparse.Namespace) -> tuple[Any, list[Any], dict[str, Any]]:
-    """``create --workflow NAME --args JSON``: the workflow and its arguments, checked."""
-    from .durable import lookup, parse_arguments, prepare
-
-    if args.plan_file is not None:
-        raise InputError(
-            f"give either a PLAN_FILE or --workflow, not both "
-            f"(see 'ninelives {args.command} --help')"
-        )
-    flow = lookup(args.workflow)
-    positional, keywords = parse_arguments(args.args if args.args is not None else "[]")
-    prepare(args.task_id, flow, positional, keywords)
-    return flow, positional, keywords
 
 
 def _warn_missing_inputs(plan: Any, workspace: str) -> None:
@@ -463,7 +448,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         # Only a task that calls models gets the cost keys: the guide's tasks
         # keep exactly the contract's four.
         usage = model_usage(task, store.events(task.id)) if as_json and calls_models(task) else {}
-        flow = _workflow_view(store, task)
+        flow = workflow_view(store, task)
     if as_json:
         view = task.as_status()
         view.update(usage)
@@ -495,24 +480,6 @@ def cmd_status(args: argparse.Namespace) -> int:
             for key, value in step.output.items():
                 _out(printable(f"         {key}: {_elide(json_line(value))}"))
     return 0
-
-
-def _workflow_view(store: Any, task: Any) -> dict[str, Any]:
-    """``status --json``'s keys of a workflow task: ``workflow``, ``version``, ``args``,
-    ``kwargs`` and, once done, ``result``; nothing for a plan's task."""
-    from .durable import spec_of
-    from .models import TaskStatus
-
-    spec = spec_of(task.goal)
-    if spec is None:
-        return {}
-    view: dict[str, Any] = {
-        "workflow": spec.name, "version": spec.version, "args": spec.args, "kwargs": spec.kwargs,
-    }  # fmt: skip
-    if task.status is TaskStatus.DONE:
-        done = [e for e in store.events(task.id) if e.kind == "task_done"]
-        view["result"] = done[-1].data.get("result") if done else None
-    return view
 
 
 def cmd_export(args: argparse.Namespace) -> int:

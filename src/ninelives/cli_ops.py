@@ -542,7 +542,44 @@ OPS["ui"] = (
 )
 
 
-# -- durable code: replay-check ---------------------------------------------------
+# -- durable code: create --workflow, status, replay-check
+
+
+def workflow_task(args: argparse.Namespace) -> tuple[Any, list[Any], dict[str, Any]]:
+    """``create --workflow NAME --args JSON``: the workflow and its arguments, checked."""
+    from .durable import lookup, parse_arguments, prepare
+    from .errors import InputError
+
+    if args.plan_file is not None:
+        raise InputError(
+            f"give either a PLAN_FILE or --workflow, not both "
+            f"(see 'ninelives {args.command} --help')"
+        )
+    flow = lookup(args.workflow)
+    positional, keywords = parse_arguments(args.args if args.args is not None else "[]")
+    prepare(args.task_id, flow, positional, keywords)
+    return flow, positional, keywords
+
+
+def workflow_view(store: Any, task: Any) -> dict[str, Any]:
+    """``status --json``'s keys of a workflow task: ``workflow``, ``version``, ``args``,
+    ``kwargs`` and, once done, ``result``; nothing for a plan's task."""
+    from .durable import spec_of
+    from .models import TaskStatus
+
+    spec = spec_of(task.goal)
+    if spec is None:
+        return {}
+    view: dict[str, Any] = {
+        "workflow": spec.name, "version": spec.version, "args": spec.args, "kwargs": spec.kwargs,
+    }  # fmt: skip
+    if task.status is TaskStatus.DONE:
+        done = [e for e in store.events(task.id) if e.kind == "task_done"]
+        view["result"] = done[-1].data.get("result") if done else None
+    return view
+
+
+# -- replay-check ---------------------------------------------------
 
 
 def cmd_replay_check(args: argparse.Namespace) -> int:

@@ -107,3 +107,15 @@ def test_ids_and_argument_text_are_checked() -> None:
     for bad in ("NaN", "[NaN]", "{", "3", '"s"', "[" * 100_000):
         with pytest.raises(PlanError):
             parse_arguments(bad)
+
+
+def test_a_plan_cannot_take_a_workflow_goal() -> None:
+    from ninelives.runtime import prepare as prepare_plan
+    from ninelives.settings import Settings
+    from ninelives.tools.builtin import default_registry
+
+    tools = default_registry(Settings())
+    steps = [{"tool": "fetch", "input": {"path": "a"}}]
+    prepare_plan("t", {"goal": "workflows: not one", "steps": steps}, tools)  # the control
+    with pytest.raises(PlanError, match="kept for workflow tasks"):
+        prepare_plan("t", {"goal": 'workflow:{"name":"x"}', "steps": steps}, tools)
