@@ -100,15 +100,19 @@ def test_report_doctor_verify_and_the_web_view_read_workflow_tasks(flow_lab: Lab
         proc.wait(30)
 
 
-@pytest.mark.parametrize("flow", ["slowpoke", "dozing"])
+# slowpoke's step waits for the test's ``release`` file (written after the cancel);
+# dozing's sleep is long enough for a cancel on a loaded machine to land inside it.
+@pytest.mark.parametrize(("flow", "seconds"), [("slowpoke", 60), ("dozing", 8)])
 def test_a_cancel_during_a_step_or_a_sleep_stops_the_run_before_the_next_step(
-    flow_lab: Lab, flow: str
+    flow_lab: Lab, flow: str, seconds: int
 ) -> None:
     lab = flow_lab
-    assert lab.cli("create", "t", "--workflow", flow, "--args", "[1.5]").returncode == 0
+    made = lab.cli("create", "t", "--workflow", flow, "--args", f"[{seconds}]")
+    assert made.returncode == 0
     proc = lab.spawn("run", "t")
     lab.wait_for("t", "step_appended", 0)
     assert lab.cli("cancel", "t").returncode == 0
+    (lab.root / "release").write_text("")
     assert proc.wait(timeout=60) == 9
     assert not (lab.root / "outcome").exists()  # the step after it never ran
     assert lab.cli("status", "t", "--json").json()["status"] == "cancelled"

@@ -167,9 +167,14 @@ def threaded(ctx: Any) -> dict[str, Any]:
 
 
 def dawdle(seconds: float) -> float:
+    """Wait until the test writes ``release`` (at most ``seconds``): the test
+    cancels first, so the cancel always lands while this step runs."""
+    import os
     import time
 
-    time.sleep(seconds)
+    deadline = time.monotonic() + seconds
+    while not os.path.exists("release") and time.monotonic() < deadline:
+        time.sleep(0.05)
     return seconds
 
 
