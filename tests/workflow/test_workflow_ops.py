@@ -64,16 +64,21 @@ def test_a_fork_reuses_the_outputs_before_its_step_and_runs_the_rest(
     assert lab.cli("verify", "f").returncode == 0
 
 
-def test_gc_then_a_reused_id_runs_the_new_task(flow_lab: Lab) -> None:
+def test_gc_then_a_reused_id_is_refused(flow_lab: Lab) -> None:
+    """A new task under a removed id would reuse the old one's idempotency keys."""
     lab = flow_lab
     assert lab.cli("create", "t", "--workflow", "triage", "--args", '["A"]').returncode == 0
     assert lab.cli("run", "t").returncode == 0
     gone = lab.cli("gc", "--older-than", "0s")
     assert gone.returncode == 0, gone.stderr
     assert lab.cli("status", "t").returncode == 1
-    assert lab.cli("create", "t", "--workflow", "triage", "--args", '["B"]').returncode == 0
-    assert lab.cli("run", "t").returncode == 0
-    assert lab.cli("status", "t", "--json").json()["result"]["ticket"] == "B"
+    reused = lab.cli("create", "t", "--workflow", "triage", "--args", '["B"]')
+    assert reused.returncode == 4
+    assert "gc removed" in reused.stderr
+    assert lab.cli("status", "t").returncode == 1  # nothing stored
+    assert lab.cli("create", "u", "--workflow", "triage", "--args", '["B"]').returncode == 0
+    assert lab.cli("run", "u").returncode == 0
+    assert lab.cli("status", "u", "--json").json()["result"]["ticket"] == "B"
     assert lab.cli("doctor").returncode == 0
 
 
