@@ -334,7 +334,10 @@ def cmd_create(args: argparse.Namespace) -> int:
     if args.workflow is not None:
         made = _workflow_task(args)
     elif args.plan_file is None or args.args is not None:
-        raise InputError("give a PLAN_FILE, or --workflow NAME [--args JSON]")
+        raise InputError(
+            f"give a PLAN_FILE, or --workflow NAME [--args JSON] "
+            f"(see 'ninelives {args.command} --help')"
+        )
     else:
         made = (prepare(args.task_id, args.plan_file, tools), [], {})
     queue = check_queue(_queue(args)) if args.enqueue or args.queue is not None else None
@@ -361,7 +364,10 @@ def _workflow_task(args: argparse.Namespace) -> tuple[Any, list[Any], dict[str, 
     from .durable import lookup, parse_arguments, prepare
 
     if args.plan_file is not None:
-        raise InputError("give either a PLAN_FILE or --workflow, not both")
+        raise InputError(
+            f"give either a PLAN_FILE or --workflow, not both "
+            f"(see 'ninelives {args.command} --help')"
+        )
     flow = lookup(args.workflow)
     positional, keywords = parse_arguments(args.args if args.args is not None else "[]")
     prepare(args.task_id, flow, positional, keywords)

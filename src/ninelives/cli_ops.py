@@ -431,3 +431,61 @@ OPS["ui"] = (
     "serve a read-only web view of the tasks on 127.0.0.1: list, timelines, fleet, /metrics",
     _ui_args,
 )
+
+
+# -- durable code: replay-check ---------------------------------------------------
+
+
+def cmd_replay_check(args: argparse.Namespace) -> int:
+    """``ninelives replay-check (TASK | --all)``: replay each unfinished workflow task
+    on the code loaded here, running no step; exit 7 with one line per divergence."""
+    from . import cli
+    from .errors import InputError, VerificationFailed
+    from .models import TaskStatus, is_workflow
+    from .replay import replay_check
+    from .tools.builtin import default_registry
+
+    if (args.task_id is None) != args.all:
+        raise InputError("give a TASK or --all, not both (see 'ninelives replay-check --help')")
+    default_registry(cli._settings(args))  # imports the --tools modules: their workflows
+    finished = (TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.CANCELLED)
+    found: list[str] = []
+    checked = 0
+    with cli._reader(args) as store:
+        ids = store.task_ids() if args.all else [args.task_id]
+        for task_id in ids:
+            task = store.get_task(task_id)
+            if not is_workflow(task.goal):
+                if args.all:
+                    continue
+                raise InputError(f"task {task_id!r} is not a workflow task: nothing to replay")
+            if args.all and task.status in finished:
+                continue
+            checked += 1
+            diverged = replay_check(task)
+            if diverged is not None:
+                called = diverged.called if diverged.called is not None else "(returns)"
+                found.append(
+                    f"{diverged.task_id}: step {diverged.step}: journal {diverged.stored!r}, "
+                    f"code {called!r}"
+                )
+    for line in found:
+        cli._out(cli.printable(line))
+    if found:
+        cli._flush()
+        raise VerificationFailed(f"{len(found)} of {checked} workflow task(s) diverge")
+    cli._out(f"replay-check: {checked} workflow task(s) replay on this code")
+    return 0
+
+
+def _replay_check_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("task_id", metavar="TASK", nargs="?")
+    p.add_argument("--all", action="store_true", help="every unfinished workflow task")
+
+
+EXAMPLES["replay-check"] = "ninelives --tools flows replay-check --all   # before a deploy"
+OPS["replay-check"] = (
+    cmd_replay_check,
+    "replay unfinished workflow tasks on this code, running no step: report any divergence",
+    _replay_check_args,
+)

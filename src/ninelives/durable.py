@@ -81,7 +81,12 @@ class Workflow(NamedTuple):
     is_async: bool = False
 
     def call(self, *args: Any, **kwargs: Any) -> Any:
-        """The function itself, called with ``args`` (a context first)."""
+        """The function itself, called with ``args`` (a context first): a workflow
+        calling another one inside its own run (its steps become the caller's)."""
+        return self.fn(*args, **kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """As :meth:`call`: a workflow is still its function."""
         return self.fn(*args, **kwargs)
 
 
@@ -253,6 +258,23 @@ def parse_arguments(text: str) -> tuple[list[Any], dict[str, Any]]:
     return arguments(raw)
 
 
+def _check_call(
+    flow: Workflow, args: tuple[Any, ...] | list[Any], kwargs: Mapping[str, Any]
+) -> None:
+    """:class:`PlanError` unless the workflow's function takes these arguments
+    (after its context): a task that no run could start is refused at create."""
+    import inspect  # at create only: the CLI's start-up stays lean
+
+    try:
+        signature = inspect.signature(flow.fn)
+    except (TypeError, ValueError):
+        return  # a builtin or a C function: nothing to check against
+    try:
+        signature.bind(None, *args, **kwargs)
+    except TypeError as exc:
+        raise PlanError(f"workflow {flow.name!r} does not take these arguments: {exc}") from None
+
+
 def prepare(
     task_id: str, flow: Workflow, args: tuple[Any, ...] | list[Any], kwargs: Mapping[str, Any]
 ) -> Plan:
@@ -269,6 +291,7 @@ def prepare(
         raise PlanError(f"not a workflow: {flow!r} (decorate it with @ninelives.workflow)")
     if any(not isinstance(k, str) for k in kwargs):
         raise PlanError("workflow keyword arguments must have string names")
+    _check_call(flow, args, kwargs)
     body = [list(args), dict(kwargs)]
     if _depth(body[0]) > MAX_DEPTH or _depth(body[1]) > MAX_DEPTH:
         raise PlanError(f"workflow arguments are nested more than {MAX_DEPTH} levels deep")

@@ -199,7 +199,19 @@ class WorkflowDiverged(WorkflowError):
     """A workflow's code calls, at step k, another name than the task's journal
     holds, or returns while the journal holds more steps (exit 12). Nothing was
     written: the task is left as it was, for the code that matches it. Once
-    raised in a run it stands even if the workflow catches it."""
+    raised in a run it stands even if the workflow catches it.
+
+    ``task_id``, ``step`` (k), ``stored`` (the journal's name) and ``called``
+    (the code's, None when it returned) say where."""
+
+    def __init__(
+        self, message: str, *, task_id: str, step: int, stored: str, called: str | None
+    ) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.step = step
+        self.stored = stored
+        self.called = called
 
 
 class VerificationFailed(NineLivesError):

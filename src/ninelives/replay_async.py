@@ -30,10 +30,20 @@ class AsyncWorkflowContext(AsyncChatCalls, WorkflowContext):
     async def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` (awaited when it is a coroutine function) as
         the task's next durable step ``name``; its value."""
-        step, attempt = self._enter(name, fn, args, kwargs)
-        if attempt is None:
-            return value_of(step.output)
-        return await self._attempts_async(step, attempt, _caller(fn, args, kwargs), _policy_of(fn))
+        with self.guard():
+            step, attempt = self._enter(name, fn, args, kwargs)
+            if attempt is None:
+                return value_of(step.output)
+            call = _caller(fn, args, kwargs)
+            return await self._attempts_async(step, attempt, call, _policy_of(fn))
+
+    async def approval(self, name: str, prompt: str = "") -> Any:
+        """See :meth:`WorkflowContext.approval`."""
+        return WorkflowContext.approval(self, name, prompt)
+
+    async def sleep(self, seconds: float) -> None:  # type: ignore[override]
+        """See :meth:`WorkflowContext.sleep` (the wait blocks this workflow's loop)."""
+        WorkflowContext.sleep(self, seconds)
 
     async def now(self) -> float:  # type: ignore[override]
         """The time (epoch seconds), taken once as a step and replayed."""

@@ -240,6 +240,8 @@ USAGE_ERRORS = [
     ("bogus",),
     ("create",),
     ("create", "only-id"),
+    ("create", "a", "--args", "[]"),
+    ("create", "a", "plan.json", "--workflow", "w"),
     ("create", "a", "plan.json", "extra"),
     ("run",),
     ("run", "a", "b"),

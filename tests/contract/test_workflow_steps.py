@@ -22,7 +22,7 @@ from ninelives.models import StepStatus, TaskStatus
 from ninelives.store import Store
 from ninelives.verify import check_task
 
-FLOW = Workflow(name="flow", fn=lambda ctx: None)
+FLOW = Workflow(name="flow", fn=lambda ctx, *args: None)
 
 
 def _created(store: Store, task_id: str = "w1") -> None:

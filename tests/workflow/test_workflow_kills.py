@@ -108,3 +108,63 @@ def test_the_library_resumes_a_killed_workflow(flow_lab: Lab, point: str) -> Non
     assert json.loads(done.stdout) == EXPECTED
     assert outcomes(lab) == {"lib-2": "summary: ticket T-1"}
     assert lab.cli("verify", "lib").returncode == 0
+
+
+def test_a_probed_step_killed_after_its_effect_is_not_called_again(flow_lab: Lab) -> None:
+    lab = flow_lab
+    assert lab.cli("create", "p", "--workflow", "probed", "--args", '["T"]').returncode == 0
+    assert lab.cli("run", "p", AGENT_CRASH_AT="after_effect:1").returncode == -9
+    done = lab.cli("run", "p")
+    assert done.returncode == 0, done.stderr
+    assert calls(lab) == ["read T", "post p-1"]  # the probe found the effect: no second call
+    kinds = [e["kind"] for e in lab.cli("export", "p").jsonl()]
+    assert "step_reconciled" in kinds
+    assert lab.cli("status", "p", "--json").json()["result"] == {
+        "note": "probed: ticket T\nsecond line"
+    }
+    assert lab.cli("verify", "p").returncode == 0
+
+
+def test_negative_control_a_step_without_its_running_commit_is_called_twice(
+    flow_lab: Lab,
+) -> None:
+    """The running commit before the effect is what lets the probe spare the call:
+    with it skipped (test-only) the killed step leaves no trace and runs again."""
+    lab = flow_lab
+    switch = {"NINELIVES_TEST_SKIP_RUNNING_COMMIT": "unsafe-test-only:" + lab.db}
+    assert lab.cli("create", "p", "--workflow", "probed", "--args", '["T"]').returncode == 0
+    assert lab.cli("run", "p", AGENT_CRASH_AT="after_effect:1", **switch).returncode == -9
+    assert lab.cli("run", "p", **switch).returncode == 0
+    assert calls(lab) == ["read T", "post p-1", "post p-1"]  # the duplicate the check notices
+
+
+@pytest.mark.parametrize("point", ["blob_before_reference:0", "after_effect:0", "after_commit:0"])
+def test_a_large_output_is_a_blob_and_survives_a_kill(flow_lab: Lab, point: str) -> None:
+    lab = flow_lab
+    env = {"NINELIVES_BLOB_THRESHOLD": "1024"}
+    assert lab.cli("create", "b", "--workflow", "blobby", "--args", "[100000]").returncode == 0
+    assert lab.cli("run", "b", AGENT_CRASH_AT=point, **env).returncode == -9
+    done = lab.cli("run", "b", **env)
+    assert done.returncode == 0, done.stderr
+    status = lab.cli("status", "b", "--json", "--outputs").json()
+    assert status["result"] == {"len": 100000, "note": "len 100000"}
+    assert "output_blob" in status["steps"][0]
+    assert outcomes(lab) == {"b-1": "len 100000"}
+    assert lab.cli("verify", "b").returncode == 0
+
+
+def test_hostile_workflows_end_with_one_line_and_verify(flow_lab: Lab) -> None:
+    lab = flow_lab
+    assert lab.cli("create", "r", "--workflow", "recurse", "--args", "[0]").returncode == 0
+    stopped = lab.cli("run", "r")
+    assert stopped.returncode == 12  # recursion without end: stopped, not a traceback
+    assert "Traceback" not in stopped.stderr
+    assert "RecursionError" in stopped.stderr.splitlines()[-1]
+    assert lab.cli("create", "t", "--workflow", "threaded").returncode == 0
+    assert lab.cli("run", "t").returncode == 0
+    result = lab.cli("status", "t", "--json").json()
+    assert result["result"] == {
+        "errors": ["ctx.step was called from another thread: call steps from the workflow"]
+    }
+    assert result["steps"] == []  # the thread's call wrote nothing
+    assert lab.cli("verify", "--all").returncode == 0

@@ -102,3 +102,86 @@ async def atriage(ctx: Any, ticket: str) -> dict[str, Any]:
     summary = await ctx.step("summarize", first_line, t["text"])
     note = await apost("summary: " + summary)
     return {"ticket": ticket, "summary": summary, "note": note["posted"]}
+
+
+@ninelives.workflow("gated")
+def gated(ctx: Any, ticket: str) -> dict[str, Any]:
+    t = ctx.step("read", read_ticket, ticket)
+    decision = ctx.approval("review", prompt=f"post a note for {ticket}?")
+    note = post_note("approved: " + t["text"])
+    return {"decision": decision, "note": note["posted"]}
+
+
+@ninelives.workflow("napping")
+def napping(ctx: Any, seconds: float) -> dict[str, Any]:
+    start = ctx.now()
+    ctx.sleep(seconds)
+    woke = ctx.now()
+    note = post_note("woke")
+    return {"slept": woke - start, "note": note["posted"], "id": ctx.uuid(), "r": ctx.random()}
+
+
+@ninelives.workflow("anapping")
+async def anapping(ctx: Any, seconds: float) -> dict[str, Any]:
+    start = await ctx.now()
+    await ctx.sleep(seconds)
+    decision = await ctx.approval("review")
+    woke = await ctx.now()
+    return {"slept": woke - start, "decision": decision}
+
+
+def big(n: int) -> str:
+    _log(f"big {n}")
+    return "x" * n
+
+
+@ninelives.workflow("blobby")
+def blobby(ctx: Any, n: int) -> dict[str, Any]:
+    value = ctx.step("big", big, n)
+    note = post_note(f"len {len(value)}")
+    return {"len": len(value), "note": note["posted"]}
+
+
+@ninelives.workflow("recurse")
+def recurse(ctx: Any, n: int) -> Any:
+    ctx.step("s", first_line, f"{n}")
+    return recurse.call(ctx, n + 1)
+
+
+@ninelives.workflow("threaded")
+def threaded(ctx: Any) -> dict[str, Any]:
+    import threading
+
+    errors: list[str] = []
+
+    def other() -> None:
+        try:
+            ctx.step("t", first_line, "a")
+        except Exception as exc:
+            errors.append(str(exc))
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    return {"errors": errors}
+
+
+def dawdle(seconds: float) -> float:
+    import time
+
+    time.sleep(seconds)
+    return seconds
+
+
+@ninelives.workflow("slowpoke")
+def slowpoke(ctx: Any, seconds: float) -> dict[str, Any]:
+    ctx.step("dawdle", dawdle, seconds)
+    note = post_note("after the wait")
+    return {"note": note["posted"]}
+
+
+@ninelives.workflow("dozing")
+def dozing(ctx: Any, seconds: float) -> dict[str, Any]:
+    ctx.sleep(seconds)
+    note = post_note("after the sleep")
+    return {"note": note["posted"]}

@@ -189,14 +189,18 @@ class Store(Protocol):
         *,
         policy: str | None = None,
         tool_version: str | None = None,
+        delay: float | None = None,
     ) -> int:
         """Append step ``idx`` (``tool``, input JSON ``given``, policy JSON) at the end
         of the task and commit it ``running`` (attempt 1) in one transaction:
         ``step_appended`` (data ``tool``, ``by`` = ``idx``: a workflow's step is
         appended by its own call) then ``step_started``, and the plan digest
         carried over it (tool, input and policy). Return the attempt (1).
-        Fenced; :class:`StoreError` (nothing written) unless ``idx`` is the
-        task's step count."""
+        With ``delay`` (seconds, a workflow's timer) the step is appended
+        ``pending`` instead, not to be started before ``now + delay`` on the
+        store's clock (``not_before``, as a backoff), with no ``step_started``;
+        return 0. Fenced; :class:`StoreError` (nothing written) unless ``idx``
+        is the task's step count."""
         ...
 
     def finish_step(

@@ -490,8 +490,9 @@ class PostgresStore(PostgresHousekeeping):
         *,
         policy: str | None = None,
         tool_version: str | None = None,
+        delay: float | None = None,
     ) -> int:
-        return postgres_steps.append_step(self, run, idx, tool, given, policy, tool_version)
+        return postgres_steps.append_step(self, run, idx, tool, given, policy, tool_version, delay)
 
     def end_run(self, run: Run) -> None:
         self._leases.pop(run.run_id, None)

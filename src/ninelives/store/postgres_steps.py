@@ -227,6 +227,7 @@ def append_step(
     given: str,
     policy: str | None,
     tool_version: str | None,
+    delay: float | None = None,
 ) -> int:
     """See :meth:`ninelives.store.Store.append_step`: the attempt count and the
     digest need replies before COMMIT (a round trip more than a start)."""
@@ -240,14 +241,18 @@ def append_step(
             raise StoreError(f"task {run.task_id!r} has {end} steps: step {idx} cannot be appended")
         params = {"id": run.task_id, "idx": idx, "tool": tool, "input": given, "policy": policy}
         conn.execute(Q["insert_step"], params)
-        attempt = int(store._fetch(conn.execute(Q["step_running"], params))[0])
         store._event(
             conn, run.task_id, run.run_id, EventKind.STEP_APPENDED, idx, {"tool": tool, "by": idx}
         )
         extend_plan(store, conn, run.task_id, idx, [(tool, given)], policy)
-        store._event(
-            conn, run.task_id, run.run_id, EventKind.STEP_STARTED, idx,
-            lineage.started_data(tool, attempt, tool_version),
-        )  # fmt: skip
+        attempt = 0
+        if delay is not None:
+            conn.execute(Q["step_defer"], {**params, "delay": delay})
+        else:
+            attempt = int(store._fetch(conn.execute(Q["step_running"], params))[0])
+            store._event(
+                conn, run.task_id, run.run_id, EventKind.STEP_STARTED, idx,
+                lineage.started_data(tool, attempt, tool_version),
+            )  # fmt: skip
     store._after_commit(run, sent)
     return attempt

@@ -781,10 +781,11 @@ class SQLiteStore(SQLiteHousekeepingWrites):
         *,
         policy: str | None = None,
         tool_version: str | None = None,
+        delay: float | None = None,
     ) -> int:
         from .sqlite_lineage import append_step
 
-        return append_step(self, run, idx, tool, given, policy, tool_version)
+        return append_step(self, run, idx, tool, given, policy, tool_version, delay)
 
     def end_run(self, run: Run) -> None:
         lock = self._locks.pop(run.run_id, None)

@@ -174,6 +174,7 @@ def append_step(
     given: str,
     policy: str | None,
     tool_version: str | None,
+    delay: float | None = None,
 ) -> int:
     """See :meth:`ninelives.store.Store.append_step`."""
     now = time.time()
@@ -184,12 +185,15 @@ def append_step(
             raise StoreError(f"task {run.task_id!r} has {end} steps: step {idx} cannot be appended")
         params = {"id": run.task_id, "idx": idx, "tool": tool, "input": given, "policy": policy}
         conn.execute(Q["insert_step"], params)
-        attempt = int(conn.execute(Q["step_running"], {**params, "now": now}).fetchone()[0])
         store._event(
             conn, run.task_id, run.run_id, EventKind.STEP_APPENDED, idx,
             {"tool": tool, "by": idx}, now,
         )  # fmt: skip
         extend_plan(conn, run.task_id, idx, [(tool, given)], policy)
+        if delay is not None:
+            conn.execute(Q["step_defer"], {**params, "now": now, "delay": delay})
+            return 0
+        attempt = int(conn.execute(Q["step_running"], {**params, "now": now}).fetchone()[0])
         store._event(
             conn, run.task_id, run.run_id, EventKind.STEP_STARTED, idx,
             lineage.started_data(tool, attempt, tool_version), now,

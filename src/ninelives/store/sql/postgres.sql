@@ -594,3 +594,8 @@ SELECT NULL, NULL, count(*), NULL FROM marks WHERE kind = 'step_started';
 -- name: next_step_idx
 -- Where a workflow's next step is appended: one past the last.
 SELECT COALESCE(MAX(idx) + 1, 0) FROM steps WHERE task_id = %(id)s;
+
+-- name: step_defer
+-- A workflow's timer (ctx.sleep): its step is not started before it is due.
+UPDATE steps SET not_before = ninelives_now() + %(delay)s::double precision
+WHERE task_id = %(id)s AND idx = %(idx)s;

@@ -1,0 +1,144 @@
+"""Code that no longer matches a workflow task's journal: refused with one line
+and exit 12, the task's steps untouched, resumed by the right code; found
+ahead of time by replay-check (exit 7). With the name check switched off
+(test-only), the diverged code runs and the test sees it: the negative control."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ninelives.testing import Lab
+
+pytestmark = pytest.mark.crash
+
+FLOWS = (Path(__file__).parent / "wflows.py").read_text(encoding="utf-8")
+#: The same module with step 1 renamed, and with a triage that stops after step 0.
+RENAMED = FLOWS.replace('ctx.step("summarize"', 'ctx.step("summary"')
+SHORT = FLOWS.replace(
+    '    summary = ctx.step("summarize", first_line, t["text"])\n',
+    '    return {"short": t["text"]}\n    summary = ctx.step("summarize", first_line, t["text"])\n',
+)
+
+
+@pytest.fixture
+def flow_lab(lab: Lab) -> Lab:
+    lab.write("wflows.py", FLOWS)
+    lab.write("renamed.py", RENAMED)
+    lab.write("short.py", SHORT)
+    return lab
+
+
+def _halfway(lab: Lab, task: str) -> None:
+    """A triage task killed after its step 1 committed: steps 0 and 1 done."""
+    made = lab.cli("--tools", "wflows", "create", task, "--workflow", "triage", "--args", '["T"]')
+    assert made.returncode == 0, made.stderr
+    killed = lab.cli("--tools", "wflows", "run", task, AGENT_CRASH_AT="after_commit:1")
+    assert killed.returncode == -9
+
+
+@pytest.mark.parametrize(
+    ("module", "line"),
+    [
+        ("renamed", "step 1: the journal holds 'summarize', the code calls 'summary'"),
+        ("short", "step 1: the journal holds 'summarize', the code returns before calling it"),
+    ],
+)
+def test_diverged_code_is_refused_and_the_right_code_resumes(
+    flow_lab: Lab, module: str, line: str
+) -> None:
+    lab = flow_lab
+    _halfway(lab, "t")
+    before = lab.cli("status", "t", "--json", "--outputs").json()
+    refused = lab.cli("--tools", module, "run", "t")
+    assert refused.returncode == 12
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "task 't'" in refused.stderr
+    assert line in refused.stderr
+    after = lab.cli("status", "t", "--json", "--outputs").json()
+    assert after == before  # steps and outputs as they were; not failed
+    assert after["status"] != "failed"
+    checked = lab.cli("--tools", module, "replay-check", "t")
+    assert checked.returncode == 7
+    assert checked.stdout.startswith("t: step 1: journal 'summarize', code ")
+    assert lab.cli("--tools", "wflows", "replay-check", "t").returncode == 0
+    resumed = lab.cli("--tools", "wflows", "run", "t")
+    assert resumed.returncode == 0, resumed.stderr
+    status = lab.cli("status", "t", "--json").json()
+    assert status["result"] == {"ticket": "T", "summary": "ticket T", "note": "summary: ticket T"}
+    assert lab.cli("verify", "t").returncode == 0
+
+
+def test_replay_check_all_names_each_diverged_task_once(flow_lab: Lab) -> None:
+    lab = flow_lab
+    _halfway(lab, "a")
+    _halfway(lab, "b")
+    made = lab.cli("--tools", "wflows", "create", "c", "--workflow", "probed", "--args", '["T"]')
+    assert made.returncode == 0, made.stderr
+    assert lab.cli("create", "plain", str(lab.guide_setup())).returncode == 0
+    done = lab.cli("--tools", "wflows", "create", "d", "--workflow", "triage", "--args", '["T"]')
+    assert done.returncode == 0
+    assert lab.cli("--tools", "wflows", "run", "d").returncode == 0
+    before = lab.fingerprint("a", "b", "c", "d")
+    checked = lab.cli("--tools", "renamed", "replay-check", "--all")
+    assert checked.returncode == 7
+    lines = checked.stdout.splitlines()
+    assert lines == [
+        "a: step 1: journal 'summarize', code 'summary'",
+        "b: step 1: journal 'summarize', code 'summary'",
+    ]
+    assert lab.fingerprint("a", "b", "c", "d") == before  # replay-check writes nothing
+    assert lab.cli("--tools", "wflows", "replay-check", "--all").returncode == 0
+    assert lab.cli("--tools", "wflows", "replay-check", "plain").returncode == 4
+    assert lab.cli("--tools", "wflows", "replay-check").returncode == 4
+
+
+def test_negative_control_without_the_name_check_diverged_code_runs(flow_lab: Lab) -> None:
+    lab = flow_lab
+    _halfway(lab, "t")
+    switch = "unsafe-test-only:" + lab.db
+    ran = lab.cli("--tools", "renamed", "run", "t", NINELIVES_TEST_SKIP_NAME_CHECK=switch)
+    # The renamed code is answered with 'summarize''s output and runs to the end:
+    # nothing refuses it, which is what the check prevents.
+    assert ran.returncode == 0, ran.stderr
+    assert lab.cli("status", "t", "--json").json()["status"] == "done"
+    # The switch needs this very database: any other value does nothing.
+    _halfway(lab, "u")
+    assert (
+        lab.cli("--tools", "renamed", "run", "u", NINELIVES_TEST_SKIP_NAME_CHECK="1").returncode
+        == 12
+    )
+
+
+CATCHER = (
+    FLOWS
+    + """
+
+@ninelives.workflow("catcher")
+def catcher(ctx, ticket):
+    ctx.step("read", read_ticket, ticket)
+    try:
+        ctx.step("summary" if ctx_is_new() else "summarize", first_line, "a\\nb")
+    except BaseException:
+        return {"caught": True}
+    return {"caught": False}
+
+
+def ctx_is_new():
+    import os
+    return os.environ.get("NEW_CODE") == "1"
+"""
+)
+
+
+def test_a_workflow_that_catches_the_divergence_is_refused_all_the_same(lab: Lab) -> None:
+    lab.write("catchers.py", CATCHER)
+    made = lab.cli("--tools", "catchers", "create", "t", "--workflow", "catcher", "--args", '["T"]')
+    assert made.returncode == 0, made.stderr
+    killed = lab.cli("--tools", "catchers", "run", "t", AGENT_CRASH_AT="after_commit:1")
+    assert killed.returncode == -9
+    before = lab.cli("status", "t", "--json", "--outputs").json()
+    refused = lab.cli("--tools", "catchers", "run", "t", NEW_CODE="1")
+    assert refused.returncode == 12, refused.stderr
+    assert lab.cli("status", "t", "--json", "--outputs").json() == before

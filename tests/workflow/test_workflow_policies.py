@@ -1,0 +1,278 @@
+"""A workflow's step errors and policies through the command line, real
+processes: retries by max_attempts, a failed task resumed by retry at the
+failed step, PermanentError, timeout, outputs and results that JSON cannot
+hold, StepFailed caught by the workflow, code that raises between steps."""
+
+from __future__ import annotations
+
+import pytest
+
+from ninelives.testing import Lab
+
+pytestmark = pytest.mark.crash
+
+FLOWS = """
+import os
+import time
+
+import ninelives
+
+
+def log(line):
+    with open("calls.log", "a") as f:
+        f.write(line + "\\n")
+
+
+def flaky(n):
+    step = ninelives.current_step()
+    log(f"flaky {step.attempt}")
+    if step.attempt < n:
+        raise RuntimeError(f"attempt {step.attempt} fails")
+    return step.attempt
+
+
+@ninelives.step(max_attempts=2, backoff=False)
+def broken():
+    log("broken")
+    if not os.path.exists("fixed"):
+        raise RuntimeError("the service is down")
+    return "fixed"
+
+
+@ninelives.step(max_attempts=5)
+def refused():
+    log("refused")
+    raise ninelives.PermanentError("404: no such ticket")
+
+
+@ninelives.step(timeout=0.2, max_attempts=1)
+def slow():
+    time.sleep(30)
+
+
+@ninelives.step(on_unknown="refuse")
+def charge(n):
+    log(f"charge {n}")
+    return {"charged": n}
+
+
+@ninelives.workflow
+def pay(ctx, n):
+    return {"got": charge(n)}
+
+
+@ninelives.workflow
+def retrying(ctx):
+    first = ctx.step("first", log, "first")
+    return {"attempt": ctx.step("flaky", flaky, 3), "first": first}
+
+
+@ninelives.workflow
+def fails(ctx):
+    ctx.step("first", log, "first")
+    return {"got": broken()}
+
+
+@ninelives.workflow
+def permanent(ctx):
+    return refused()
+
+
+@ninelives.workflow
+def overruns(ctx):
+    return slow()
+
+
+@ninelives.workflow
+def opaque(ctx):
+    return ctx.step("opaque", object)
+
+
+@ninelives.workflow
+def bad_result(ctx):
+    ctx.step("first", log, "first")
+    return {"when": object()}
+
+
+@ninelives.workflow
+def catches(ctx):
+    try:
+        broken()
+    except ninelives.StepFailed:
+        return {"caught": True}
+
+
+@ninelives.workflow
+def raises(ctx):
+    ctx.step("first", log, "first")
+    raise KeyError("no such field")
+"""
+
+
+@pytest.fixture
+def flow_lab(lab: Lab) -> Lab:
+    lab.write("pflows.py", FLOWS)
+    lab.base_env["NINELIVES_TOOLS"] = "pflows"
+    lab.base_env["NINELIVES_BACKOFF"] = "0"
+    return lab
+
+
+def _calls(lab: Lab) -> list[str]:
+    log = lab.root / "calls.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def _error_lines(stderr: str) -> int:
+    return sum(line.startswith("ninelives: error:") for line in stderr.splitlines())
+
+
+def _kinds(lab: Lab, task: str) -> list[tuple[str, int | None]]:
+    return [(e["kind"], e["step"]) for e in lab.cli("export", task).jsonl()]
+
+
+def test_a_step_is_retried_by_its_policy(flow_lab: Lab) -> None:
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", "retrying").returncode == 0
+    done = lab.cli("run", "t")
+    assert done.returncode == 0, done.stderr
+    status = lab.cli("status", "t", "--json").json()
+    assert status["result"] == {"attempt": 3, "first": None}
+    assert status["steps"][1]["attempts"] == 3
+    errors = [e for e in lab.cli("export", "t").jsonl() if e["kind"] == "step_error"]
+    assert [e["error"] for e in errors] == [
+        "RuntimeError: attempt 1 fails",
+        "RuntimeError: attempt 2 fails",
+    ]
+
+
+def test_a_failed_task_is_resumed_by_retry_at_the_failed_step(flow_lab: Lab) -> None:
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", "fails").returncode == 0
+    failed = lab.cli("run", "t")
+    assert failed.returncode == 2
+    assert "the service is down" in failed.stderr.splitlines()[-1]
+    assert lab.cli("status", "t", "--json").json()["status"] == "failed"
+    assert lab.cli("run", "t").returncode == 2  # failed stays failed until retry
+    assert _calls(lab) == ["first", "broken", "broken"]
+    (lab.root / "fixed").write_text("")
+    assert lab.cli("retry", "t").returncode == 0
+    done = lab.cli("run", "t")
+    assert done.returncode == 0, done.stderr
+    assert _calls(lab) == ["first", "broken", "broken", "broken"]  # step 0 not run again
+    assert lab.cli("status", "t", "--json").json()["result"] == {"got": "fixed"}
+    assert lab.cli("verify", "t").returncode == 0
+
+
+def test_a_permanent_error_fails_at_once(flow_lab: Lab) -> None:
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", "permanent").returncode == 0
+    failed = lab.cli("run", "t")
+    assert failed.returncode == 2
+    assert "404: no such ticket" in failed.stderr
+    assert _calls(lab) == ["refused"]
+
+
+def test_a_step_over_its_timeout_is_a_step_error(flow_lab: Lab) -> None:
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", "overruns").returncode == 0
+    failed = lab.cli("run", "t")
+    assert failed.returncode == 2
+    errors = [e for e in lab.cli("export", "t").jsonl() if e["kind"] == "step_error"]
+    assert errors[0]["error"] == "timeout after 0.2s", errors
+
+
+def test_an_output_json_cannot_hold_is_a_step_error_naming_the_step(flow_lab: Lab) -> None:
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", "opaque").returncode == 0
+    failed = lab.cli("run", "t", AGENT_MAX_ATTEMPTS="1")
+    assert failed.returncode == 2
+    assert "Traceback" not in failed.stderr
+    assert "step 0 (opaque)" in failed.stderr.splitlines()[-1]
+    assert "not standard JSON" in failed.stderr.splitlines()[-1]
+
+
+def test_a_result_json_cannot_hold_is_refused_and_nothing_is_written(flow_lab: Lab) -> None:
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", "bad_result").returncode == 0
+    refused = lab.cli("run", "t")
+    assert refused.returncode == 12
+    assert _error_lines(refused.stderr) == 1
+    assert "return value cannot be stored" in refused.stderr
+    assert lab.cli("status", "t", "--json").json()["status"] == "running"
+    assert ("task_done", None) not in _kinds(lab, "t")
+
+
+def test_a_workflow_that_catches_step_failed_still_fails(flow_lab: Lab) -> None:
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", "catches").returncode == 0
+    failed = lab.cli("run", "t")
+    assert failed.returncode == 2, failed.stderr
+    status = lab.cli("status", "t", "--json").json()
+    assert status["status"] == "failed"
+    assert "result" not in status
+
+
+def test_code_that_raises_between_steps_stops_with_one_line(flow_lab: Lab) -> None:
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", "raises").returncode == 0
+    stopped = lab.cli("run", "t")
+    assert stopped.returncode == 12
+    assert _error_lines(stopped.stderr) == 1
+    assert "Traceback" not in stopped.stderr
+    assert "KeyError" in stopped.stderr
+    assert "after 1 step call(s)" in stopped.stderr
+    assert lab.cli("status", "t", "--json").json()["status"] == "running"
+
+
+def test_bad_arguments_are_refused_at_create_and_nothing_is_stored(flow_lab: Lab) -> None:
+    lab = flow_lab
+    lab.cli("create", "seed", "--workflow", "retrying")
+    plan = str(lab.guide_setup())
+    before = lab.fingerprint("seed")
+    for args in (
+        ["--workflow", "nope"],
+        ["--workflow", "retrying", "--args", "[1]"],  # takes no argument
+        ["--workflow", "retrying", "--args", "[NaN]"],
+        ["--workflow", "retrying", "--args", "[1e999]"],
+        ["--workflow", "retrying", "--args", "{"],
+        ["--workflow", "retrying", "--args", "3"],
+        ["--workflow", "retrying", "--args", "[" * 40 + "]" * 40],
+        ["--workflow", "retrying", "--args", '["\\ud800"]'],
+        ["--workflow", "retrying", plan],
+        ["--args", "[]"],
+    ):
+        refused = lab.cli("create", "x", *args)
+        assert refused.returncode == 4, (args, refused.stderr)
+        assert len(refused.stderr.strip().splitlines()) == 1, (args, refused.stderr)
+        assert lab.fingerprint("seed") == before, args
+
+
+def test_a_run_without_the_workflow_module_is_refused_before_the_claim(flow_lab: Lab) -> None:
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", "retrying").returncode == 0
+    before = lab.fingerprint("t")
+    refused = lab.cli("run", "t", NINELIVES_TOOLS="")
+    assert refused.returncode == 4
+    assert "unknown workflow 'retrying'" in refused.stderr
+    assert "nothing written" in refused.stderr
+    after = lab.fingerprint("t")
+    after["files"] = {k: v for k, v in after["files"].items() if ".locks" not in k}
+    assert after == before
+
+
+@pytest.mark.parametrize("decision", ["--done", "--retry"])
+def test_a_refuse_step_left_running_blocks_until_resolved(flow_lab: Lab, decision: str) -> None:
+    lab = flow_lab
+    assert lab.cli("create", "p", "--workflow", "pay", "--args", "[5]").returncode == 0
+    assert lab.cli("run", "p", AGENT_CRASH_AT="after_effect:0").returncode == -9
+    blocked = lab.cli("run", "p")
+    assert blocked.returncode == 8
+    assert "ninelives resolve p 0" in blocked.stderr
+    given = ["--done", '{"value": {"charged": 5}}'] if decision == "--done" else ["--retry"]
+    assert lab.cli("resolve", "p", "0", *given).returncode == 0
+    done = lab.cli("run", "p")
+    assert done.returncode == 0, done.stderr
+    assert lab.cli("status", "p", "--json").json()["result"] == {"got": {"charged": 5}}
+    ran = 1 if decision == "--done" else 2
+    assert _calls(lab) == ["charge 5"] * ran  # resolved done: not called again
+    assert lab.cli("verify", "p").returncode == 0
