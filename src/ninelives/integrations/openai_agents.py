@@ -53,7 +53,7 @@ from agents import Agent, FunctionTool, Model, ModelResponse  # noqa: E402
 from pydantic import TypeAdapter, ValidationError  # noqa: E402
 from pydantic_core import to_jsonable_python  # noqa: E402
 
-from ..errors import WorkflowDiverged, WorkflowError  # noqa: E402
+from ..errors import WorkflowError  # noqa: E402
 from ._steps import durable as durable_step  # noqa: E402
 from ._steps import in_workflow, one_at_a_time, refuse  # noqa: E402
 
@@ -122,7 +122,7 @@ def durable_tool(tool: FunctionTool, policy: Mapping[str, Any] | None = None) ->
 
 
 def answer(name: str, call_id: str, stored: Any) -> Any:
-    """The result a tool step stored for ``call_id``; :class:`~ninelives.errors.WorkflowDiverged`
+    """The result a tool step stored for ``call_id``; :class:`~ninelives.errors.WorkflowError`
     when it belongs to another call (exit 12, nothing written)."""
     if not isinstance(stored, dict) or "return" not in stored:
         refuse(
@@ -130,7 +130,7 @@ def answer(name: str, call_id: str, stored: Any) -> Any:
         )
     if stored.get("call_id") != call_id:
         refuse(
-            WorkflowDiverged(
+            WorkflowError(
                 f"{name}: the journal holds the result of call {stored.get('call_id')!r} where the "
                 f"replay runs call {call_id!r}: the tool calls ran in another order than before; "
                 "nothing was written"

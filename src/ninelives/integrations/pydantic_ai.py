@@ -58,7 +58,7 @@ from pydantic_ai.messages import ModelRequest, ModelResponse  # noqa: E402
 from pydantic_ai.tool_manager import ToolManager  # noqa: E402
 from pydantic_core import to_jsonable_python  # noqa: E402
 
-from ..errors import WorkflowDiverged, WorkflowError  # noqa: E402
+from ..errors import WorkflowError  # noqa: E402
 from ._steps import durable, in_workflow, refuse  # noqa: E402
 
 __all__ = ["SUPPORTED", "NinelivesDurability"]
@@ -145,7 +145,7 @@ class NinelivesDurability(AbstractCapability[Any]):
 
 def answer(name: str, call_id: str, stored: Any) -> Any:
     """What a tool step stored for ``call_id``: its result, or its retry prompt
-    raised again; :class:`~ninelives.errors.WorkflowDiverged`
+    raised again; :class:`~ninelives.errors.WorkflowError`
     when it belongs to another call (exit 12, nothing written)."""
     if not isinstance(stored, dict) or not ({_RETRY, _RETURN} & set(stored)):
         refuse(
@@ -153,7 +153,7 @@ def answer(name: str, call_id: str, stored: Any) -> Any:
         )
     if stored.get("call_id") != call_id:
         refuse(
-            WorkflowDiverged(
+            WorkflowError(
                 f"{name}: the journal holds the result of call {stored.get('call_id')!r} where the "
                 f"replay runs call {call_id!r}: the tool calls ran in another order than before; "
                 "nothing was written"
