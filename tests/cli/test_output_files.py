@@ -132,6 +132,9 @@ def test_a_character_device_is_written_through_never_replaced(done: Lab) -> None
 
 
 def test_dev_stdout_gets_the_page_in_order(done: Lab) -> None:
+    # A version that renamed its page over /dev/stdout left a regular file there,
+    # for every later process on the machine: say so rather than fail obscurely.
+    assert os.path.islink("/dev/stdout"), "/dev/stdout is no longer a symlink on this machine"
     with open(done.root / "out.html", "w", encoding="utf-8") as out:
         proc = subprocess.run(
             done.argv(["report", "t", "-o", "/dev/stdout"]), cwd=done.root, env=done.env(),
@@ -139,6 +142,7 @@ def test_dev_stdout_gets_the_page_in_order(done: Lab) -> None:
         )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert (done.root / "out.html").read_text(encoding="utf-8") == page_of(done, line=True)
+    assert os.path.islink("/dev/stdout")  # written through, never replaced
 
 
 @pytest.mark.parametrize("case", ["folder", "dangling symlink"])
