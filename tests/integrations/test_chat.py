@@ -80,7 +80,7 @@ def test_every_crash_point_of_every_step(lab: Lab, server: FakeModelServer, work
             if lookups(lab, task) != 1 + (extra if kind == "tool:lookup_note" else 0):
                 found.append(f"{lookups(lab, task)} lookups")
             reports = sorted(p.name for p in lab.artifacts_dir.glob(f"{task}-*"))
-            if reports != [f"{task}-2-report.md"]:
+            if reports != [f"{task}-2+report.md"]:
                 found.append(f"artifacts {reports}")
             status = lab.cli("status", task, "--json").json()
             if status.get("result") != "The report is written.":
@@ -101,7 +101,7 @@ def test_every_crash_point_of_every_step(lab: Lab, server: FakeModelServer, work
             if found:
                 problems[f"{point}:{k}"] = found
     assert problems == {}
-    assert (lab.artifacts_dir / "t-after-effect-2-2-report.md").read_text() == REPORT
+    assert (lab.artifacts_dir / "t-after-effect-2-2+report.md").read_text() == REPORT
 
 
 def test_calls_that_cannot_run_become_the_results_the_model_reads(sqlite_lab: Lab) -> None:
@@ -135,5 +135,5 @@ def test_the_stub_engine_runs_the_loop_with_no_server(sqlite_lab: Lab) -> None:
     assert [s["tool"] for s in status["steps"]] == ["chat", "write_artifact", "chat"]
     assert status["result"] == "Write up my notes"
     assert json.loads(json.dumps(sqlite_lab.artifacts())) == {
-        "stub-1-report.md": "Write up my notes"
+        "stub-1+report.md": "Write up my notes"
     }
