@@ -2,9 +2,9 @@
 #   make demo       create, kill, resume and show a task on the embedded SQLite default
 #   make test       lint, type-check, the whole suite (starts its own PostgreSQL), the
 #                   reliability slice, then the demo from a fresh copy and from a built
-#                   wheel: about 25 minutes on 2 cores; this is what CI runs
+#                   wheel: about an hour on 2 cores; this is what CI runs
 #   make test-fast  lint and the quick tests only (no PostgreSQL, nothing marked slow):
-#                   about two minutes on 2 cores, without the benchmark peers installed
+#                   about 3 minutes of CPU, without the benchmark peers installed
 
 ifndef PYTHON
 PYTHON := $(shell for p in python3.13 python3.12 python3.11 python3.10 python3; do \
@@ -53,7 +53,7 @@ lint: $(VENV)/.dev
 	$(BIN)/mypy
 
 test: $(VENV)/.installed lint system-deps
-	@echo "==> the whole suite: real processes killed with SIGKILL, a throwaway PostgreSQL (about 20 minutes on 2 cores)"
+	@echo "==> the whole suite: real processes killed with SIGKILL, a throwaway PostgreSQL (about 45 minutes on 2 cores)"
 	NINELIVES_FORBID_SKIPS=1 $(BIN)/pytest
 	@echo "==> the reliability slice: random kills, power cuts, I/O faults, simulation seeds (about 1 minute)"
 	$(BIN)/python bench/reliability.py --quick
@@ -65,7 +65,7 @@ check-install: $(VENV)/.installed
 	@echo "==> make demo in a fresh copy, then python -m build and the demo from the wheel (about 1 minute)"
 	PYTHON=$(PYTHON) BUILD_PYTHON=$(abspath $(BIN))/python bash scripts/check-install.sh
 
-# The inner loop: lint and the quick tests, about two minutes on 2 cores; it installs
+# The inner loop: lint and the quick tests, about 3 minutes of CPU; it installs
 # only the test extra. Tests taking more than a few seconds are marked slow.
 test-fast: lint
 	@echo "==> the quick tests (no PostgreSQL, nothing marked slow); 'make test' runs everything"
