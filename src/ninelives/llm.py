@@ -292,7 +292,9 @@ def post_json(name: str, url: str, body: Any, headers: Mapping[str, str], *, tim
         raise fail(name, url, f"the request cannot be sent: {exc}", secret) from None
     try:
         return json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError):
+    except RecursionError:
+        raise fail(name, url, "the reply is nested too deeply to decode", secret) from None
+    except (ValueError, UnicodeDecodeError):
         raise fail(name, url, f"the reply is not JSON: {snippet(raw, secret)}", secret) from None
 
 
