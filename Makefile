@@ -1,8 +1,9 @@
 # Two commands do all the set-up on a fresh Linux or macOS machine:
 #   make demo       create, kill, resume and show a task on the embedded SQLite default
-#   make test       lint, type-check, the whole suite (starts its own PostgreSQL), the
-#                   reliability slice, then the demo from a fresh copy and from a built
-#                   wheel: about an hour on 2 cores; this is what CI runs
+#   make test       lint, type-check, the docs site (mkdocs build --strict), the whole
+#                   suite (starts its own PostgreSQL), the reliability slice, then the
+#                   demo from a fresh copy and from a built wheel: about an hour on 2
+#                   cores; this is what CI runs
 #   make test-fast  lint and the quick tests only (no PostgreSQL, nothing marked slow):
 #                   about 3 minutes of CPU, without the benchmark peers installed
 
@@ -14,7 +15,7 @@ endif
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-fast check-install lint bench clean system-deps
+.PHONY: demo test test-fast check-install lint docs bench clean system-deps
 
 # The demo needs ninelives alone; the tests add their tools on top.
 $(VENV)/.core: pyproject.toml
@@ -39,6 +40,16 @@ $(VENV)/.installed: $(VENV)/.dev
 		$(BIN)/python -m pip install -q pgserver; fi
 	@touch $@
 
+# The documentation site's tools (the docs extra), apart from the tests'.
+$(VENV)/.docs: $(VENV)/.core
+	$(BIN)/python -m pip install -q -e '.[docs]'
+	@touch $@
+
+# The site into site/ (ignored by git); strict: a broken link or a warning fails.
+# Each command's --help is run in a subprocess while building (scripts/mkdocs_hooks.py).
+docs: $(VENV)/.docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
+
 # The I/O-fault tests inject errors with strace (Linux only); the report is loaded
 # in a headless Chromium; the trace export is posted with curl.
 system-deps:
@@ -52,7 +63,7 @@ lint: $(VENV)/.dev
 	$(BIN)/ruff format --check src tests bench examples
 	$(BIN)/mypy
 
-test: $(VENV)/.installed lint system-deps
+test: $(VENV)/.installed lint docs system-deps
 	@echo "==> the whole suite: real processes killed with SIGKILL, a throwaway PostgreSQL (about 45 minutes on 2 cores)"
 	NINELIVES_FORBID_SKIPS=1 $(BIN)/pytest
 	@echo "==> the reliability slice: random kills, power cuts, I/O faults, simulation seeds (about 1 minute)"
@@ -75,4 +86,4 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/step_overhead.py
 
 clean:
-	rm -rf $(VENV) demo dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) demo dist site .pytest_cache .mypy_cache .ruff_cache
