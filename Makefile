@@ -45,10 +45,11 @@ $(VENV)/.docs: $(VENV)/.core
 	$(BIN)/python -m pip install -q -e '.[docs]'
 	@touch $@
 
-# The site into site/ (ignored by git); strict: a broken link or a warning fails.
+# The site into site/ (ignored by git); strict: a broken link or a warning fails
+# (never with --quiet, which hides the warnings from --strict as well).
 # Each command's --help is run in a subprocess while building (scripts/mkdocs_hooks.py).
 docs: $(VENV)/.docs
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 # The I/O-fault tests inject errors with strace (Linux only); the report is loaded
 # in a headless Chromium; the trace export is posted with curl.

@@ -124,7 +124,7 @@ def _classify(problems: list[str]) -> tuple[int, int, int, int]:
     return duplicates, lost, corrupt, len(problems) - duplicates - lost - corrupt
 
 
-#: Exit codes in the words of the README's table, for the notes under the figures.
+#: Exit codes in the words of docs/reference/exit-codes.md, for the notes under the figures.
 EXIT_MEANING = {
     0: "done", 1: "unknown task", 2: "failed", 3: "busy", 4: "bad input",
     5: "database unusable", 6: "outcome unknown", 7: "violations found", 130: "interrupted",

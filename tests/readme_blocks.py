@@ -1,10 +1,10 @@
 """Code blocks of a Markdown file, and a shell runner for ``sh`` and ``console`` blocks.
 
-Used by the tests that run the README's commands as written: ``sh`` blocks run
-verbatim; in ``console`` blocks each ``$ `` line is a command, its expected exit
-code is 0 unless a trailing comment says ``exit N``, and each expected output
-line below it (except elided ones with ``…`` and JSON, which the README wraps)
-must appear in what the command printed.
+Used by the tests that run the commands of the README and the docs pages as
+written: ``sh`` blocks run verbatim; in ``console`` blocks each ``$ `` line is
+a command, its expected exit code is 0 unless a trailing comment says ``exit
+N``, and each expected output line below it (except elided ones with ``…`` and
+JSON, which the pages wrap) must appear in what the command printed.
 """
 
 from __future__ import annotations
@@ -20,19 +20,25 @@ FENCE = re.compile(r"^```(\w*)\s*$")
 
 @dataclass(frozen=True)
 class Block:
-    """One fenced code block: its language tag, text and first line number."""
+    """One fenced code block: its language tag, text, first line number and the
+    file it comes from (as the tests name it, e.g. ``docs/guides/agents.md``)."""
 
     lang: str
     text: str
     line: int
+    source: str = ""
+
+    @property
+    def where(self) -> str:
+        return f"{self.source}:{self.line}" if self.source else f"line {self.line}"
 
     @property
     def first(self) -> str:
         return self.text.splitlines()[0] if self.text else ""
 
 
-def blocks(path: Path) -> list[Block]:
-    """Every fenced block of a Markdown file, in order."""
+def blocks(path: Path, source: str = "") -> list[Block]:
+    """Every fenced block of a Markdown file, in order; ``source`` names the file."""
     found: list[Block] = []
     lang: str | None = None
     body: list[str] = []
@@ -42,7 +48,7 @@ def blocks(path: Path) -> list[Block]:
         if lang is None and match:
             lang, body, start = match.group(1), [], number + 1
         elif lang is not None and line.startswith("```"):
-            found.append(Block(lang=lang, text="\n".join(body) + "\n", line=start))
+            found.append(Block(lang, "\n".join(body) + "\n", start, source))
             lang = None
         elif lang is not None:
             body.append(line)
@@ -105,7 +111,7 @@ def run_shell(
                 script.append(f'echo; echo "@@end {n} $rc"')
         else:
             n = len(expected)
-            expected.append((f"sh block at line {block.line}", 0, []))
+            expected.append((f"sh block at {block.where}", 0, []))
             script.append(f"echo '@@begin {n}'")
             script.append(f"{{\n{block.text}\n}} 2>&1")
             script.append(f"echo; echo '@@end {n} 0'")
@@ -126,7 +132,7 @@ def run_shell(
         got, output = outputs[n]
         steps.append((label, got, output))
         if got != code:
-            problems.append(f"{label}: exit {got}, the README says {code}\n{output}")
+            problems.append(f"{label}: exit {got}, the page says {code}\n{output}")
         for line in lines:
             if not re.search(_loose(line), output):
                 problems.append(f"{label}: does not print {line!r}; it printed:\n{output}")

@@ -24,7 +24,7 @@ MAX_STEPS = 10_000
 #: Keys of a step policy, allowed on a step beside ``tool`` and ``input`` and in
 #: the plan's ``defaults``.
 POLICY_KEYS = ("max_attempts", "timeout", "backoff", "on_unknown")
-#: What a step left ``running`` by a crash does at recovery (see the README).
+#: What a step left ``running`` by a crash does at recovery (see docs/guides/step-policies.md).
 ON_UNKNOWN = ("rerun", "probe", "refuse")
 
 

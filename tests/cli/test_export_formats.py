@@ -133,8 +133,9 @@ def test_an_unknown_format_is_bad_input(lab: Lab) -> None:
     assert lab.cli("export", "nope", "--format", "otlp-json").returncode == 1
 
 
-def test_the_readme_pipeline_posts_the_trace_to_an_otlp_http_receiver(lab: Lab) -> None:
-    # The README's block, against a real HTTP receiver on 127.0.0.1 in place of a collector.
+def test_the_documented_pipeline_posts_the_trace_to_an_otlp_http_receiver(lab: Lab) -> None:
+    # The block of docs/guides/observing.md (Traces), against a real HTTP receiver on
+    # 127.0.0.1 in place of a collector.
     import http.server
     import shlex
     import shutil
@@ -160,7 +161,7 @@ def test_the_readme_pipeline_posts_the_trace_to_an_otlp_http_receiver(lab: Lab) 
     try:
         _killed_twice(lab)
         curl = shutil.which("curl")
-        assert curl is not None, "curl is needed to run the README's pipeline"
+        assert curl is not None, "curl is needed to run the docs' pipeline"
         port = server.server_address[1]
         pipeline = (
             f"{shlex.join(lab.argv(['export', 't', '--format', 'otlp-json']))} | {curl} -sS "

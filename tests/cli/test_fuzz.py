@@ -27,7 +27,8 @@ from ninelives import cli
 from ninelives.testing import Lab
 from ninelives.testing.lab import GUIDE_PLAN, SUMMARY_NOTES
 
-#: Every code the README documents.
+#: The exit codes fuzzed input may reach, each documented in docs/reference/exit-codes.md
+#: (tests/cli/test_docs_reference.py checks that it is).
 DOCUMENTED = {0, 1, 2, 3, 4, 5, 6, 7, 10, 130}
 FUZZ = settings(
     max_examples=60,

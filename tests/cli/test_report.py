@@ -3,7 +3,7 @@
 For a task killed twice and resumed, the DOM the browser built holds a lane per
 process, a bar per attempt (two of them killed), a mark per recovery and a link
 to the artifact; a hostile goal stays text. The screenshot is kept as an
-artefact of the test (``NINELIVES_SCREENSHOTS=DIR`` keeps it there; the README's
+artefact of the test (``NINELIVES_SCREENSHOTS=DIR`` keeps it there; the docs'
 picture was made so).
 """
 

@@ -136,10 +136,10 @@ def _expiry(store_url: str, task_id: str) -> tuple[int, bool]:
 
 
 def test_an_expired_lease_nobody_took_is_renewed_by_its_holder(pg_database: str) -> None:
-    """Decided and documented (README, Leases): expiry makes a task claimable, it
-    does not take it away. Until another runner claims it (a new epoch), the
-    holder's renewal, commit or check before a tool succeeds and extends the
-    lease: nothing can have been committed or started under another epoch."""
+    """Decided and documented (docs/guides/postgres-and-workers.md, Leases): expiry
+    makes a task claimable, it does not take it away. Until another runner claims
+    it (a new epoch), the holder's renewal, commit or check before a tool succeeds
+    and extends the lease: nothing can have been committed or started under another epoch."""
     from ninelives.store.postgres import PostgresStore
 
     lease = 0.6
