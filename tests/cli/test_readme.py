@@ -203,3 +203,17 @@ def test_the_library_example_resumes_after_a_kill(tmp_path: Path) -> None:
     assert "'status': 'done'" in resumed.stdout
     assert "step_recovered 2" in resumed.stdout
     assert sorted(os.listdir(folder / "artifacts")) == ["demo-2.md"]
+
+
+def test_the_readme_workflow_resumes_after_a_kill(tmp_path: Path) -> None:
+    # The README's durable-code example says a rerun after a kill finds the stored task.
+    block = next(b for b in _python_blocks() if '@ninelives.workflow("headline")' in b.text)
+    folder = _folder(tmp_path, "killed")
+    killed = _python(block.text, folder, tmp_path, AGENT_CRASH_AT="after_effect:1")
+    assert killed.returncode == -9, killed.stderr
+    resumed = _python(block.text, folder, tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "artifacts/headline-1-1.md" in resumed.stdout
+    assert sorted(os.listdir(folder / "artifacts")) == ["headline-1-1.md"]
+    published = (folder / "artifacts" / "headline-1-1.md").read_text(encoding="utf-8")
+    assert published == (folder / "input" / "notes.txt").read_text().splitlines()[0].upper()
