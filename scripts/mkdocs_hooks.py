@@ -6,6 +6,10 @@ what ``python -m ninelives COMMAND --help`` prints, run in a subprocess of the
 interpreter building the site, so the reference never drifts from the parser.
 A page holding markers must hold one for every command the top-level help
 lists: a new command without its section fails the (strict) build.
+
+The docstrings the API reference renders are written with Sphinx roles
+(``:class:`~ninelives.errors.TaskExists```), which Markdown shows as typed; the
+rendered page shows each as the code name alone (the last part after a ``~``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from typing import Any
 MARKER = re.compile(r"<!-- ninelives-help(?:: ([\w-]+))? -->")
 #: Where argparse lists the subcommands: ``    name   summary``, indented four.
 COMMAND_LINE = re.compile(r"^    ([a-z][\w-]*)(?:\s|$)")
+#: A Sphinx role as Markdown renders it: ``:class:<code>~a.b.C</code>``.
+ROLE = re.compile(r":(?:class|func|meth|attr|data|exc|mod|obj):<code>(~?)([\w.]+)</code>")
 
 
 def _help(*command: str) -> str:
@@ -53,3 +59,13 @@ def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
         return f"```text\n{text}\n```"
 
     return MARKER.sub(block, markdown)
+
+
+def on_page_content(html: str, **_: Any) -> str:
+    """Show each Sphinx role of a rendered docstring as its code name."""
+
+    def name(match: re.Match[str]) -> str:
+        shown = match.group(2).rpartition(".")[2] if match.group(1) else match.group(2)
+        return f"<code>{shown}</code>"
+
+    return ROLE.sub(name, html)
