@@ -60,8 +60,8 @@ demo: $(VENV)/.core
 	NINELIVES=$(abspath $(BIN))/ninelives bash scripts/demo.sh
 
 lint: $(VENV)/.dev
-	$(BIN)/ruff check src tests bench examples
-	$(BIN)/ruff format --check src tests bench examples
+	$(BIN)/ruff check src tests bench examples scripts
+	$(BIN)/ruff format --check src tests bench examples scripts
 	$(BIN)/mypy
 
 test: $(VENV)/.installed lint docs system-deps
