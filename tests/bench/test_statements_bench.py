@@ -1,0 +1,35 @@
+"""``bench/statements.py`` at a tiny size: the trace counts every statement of a task.
+
+The minimal design's count is known by hand (create: BEGIN, the task, 3 steps, one
+event, COMMIT; each step: two transactions of BEGIN, UPDATE, event, COMMIT; the last
+one also marks the task done): 7 + 3 x 8 + 1 = 32, 7 commits. A count that misses a
+connection or a statement kind would not give it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bench" / "statements.py"
+
+
+def test_the_statement_count_is_exact_for_the_minimal_design(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--tasks", "3", "--json"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    results = {r["system"]: r for r in json.loads(proc.stdout)}
+    assert set(results) == {"minimal", "ninelives", "ninelives-workflow"}
+    assert results["minimal"]["statements_per_task"] == 32
+    assert results["minimal"]["commits_per_task"] == 7
+    for system in ("ninelives", "ninelives-workflow"):
+        counted = results[system]
+        # Every statement shape is listed, and they add up to the total.
+        assert sum(per for _, per in counted["top"]) == counted["statements_per_task"]
+        # A task cannot be durable with fewer commits than the design's floor.
+        assert counted["commits_per_task"] >= 7
