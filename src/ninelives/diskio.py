@@ -133,25 +133,11 @@ def write_new(
     A failed fsync raises :class:`EffectUnknown`; an error raised by ``chunks``
     propagates with the temporary file removed.
     """
-    import hashlib  # ~10 ms to import (OpenSSL): keep it off the CLI start-up path
-
     make_folder(folder, 0o700 if private else 0o777)
     tmp = os.path.join(folder, temp)
-    digest = hashlib.sha256()
-    size = 0
     fd = os.open(tmp, _OPEN_NEW, 0o600 if private else 0o644)
     try:
-        try:
-            for chunk in chunks:
-                digest.update(chunk)
-                size += len(chunk)
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(fd, view) :]
-            fsync_file(fd, tmp)
-        finally:
-            os.close(fd)
-        hexdigest = digest.hexdigest()
+        hexdigest, size = _write_all(fd, tmp, chunks)
         final = os.path.join(folder, name if name is not None else hexdigest)
         if artifact:
             crashpoints.crash("artifact_before_link", step)
@@ -175,6 +161,26 @@ def write_new(
     # its folder fsync, and its name must be durable before we report it.
     fsync_dir(folder)
     return Published(path=final, deduplicated=deduplicated, sha256=hexdigest, size=size)
+
+
+def _write_all(fd: int, path: str, chunks: Iterable[bytes]) -> tuple[str, int]:
+    """Write ``chunks`` to ``fd`` (the new file ``path``), fsync and close it;
+    its SHA-256 hex digest and size, hashed on the way."""
+    import hashlib  # ~10 ms to import (OpenSSL): keep it off the CLI start-up path
+
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        for chunk in chunks:
+            digest.update(chunk)
+            size += len(chunk)
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fd, view) :]
+        fsync_file(fd, path)
+    finally:
+        os.close(fd)
+    return digest.hexdigest(), size
 
 
 def _keep_or_replace(final: str, tmp: str, expected: str, size: int) -> bool:
