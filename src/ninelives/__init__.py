@@ -10,7 +10,14 @@ where it stopped, and side effects happen once in outcome::
         rt.run("demo")
         print(rt.status("demo").status)
 
-Importing this package stays cheap: the runtime and the backends load on use.
+Everything a user needs is importable from here: the runtime (:func:`open`,
+``Runtime``), the tool API (``tool``, ``Tool``, ``ToolContext``, ``Registry``,
+``default_registry``, ``publish_once``, ``artifacts_folder``), durable code
+(``workflow``, ``step``, ``current_step``), ``Settings``, the records and the
+whole exception tree of :mod:`ninelives.errors`.
+
+Importing this package stays cheap: the runtime, the tools and the backends
+load on first use of their names.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import (
     BlobDamaged,
+    BlobUnreadable,
     CommitUnknown,
     DamagedTask,
     EffectUnknown,
@@ -26,6 +34,7 @@ from .errors import (
     InvalidTaskId,
     LeaseLost,
     NineLivesError,
+    NotRegularFile,
     OutputFailed,
     OutputRefused,
     PermanentError,
@@ -33,6 +42,7 @@ from .errors import (
     PlanMismatch,
     PlanTampered,
     StepFailed,
+    StepNotDue,
     StoreError,
     TaskBlocked,
     TaskBusy,
@@ -49,17 +59,31 @@ from .errors import (
     WorkflowDiverged,
     WorkflowError,
 )
-from .models import Event, EventKind, Run, Step, StepStatus, Task, TaskStatus
+from .models import (
+    Event,
+    EventKind,
+    Run,
+    Step,
+    StepProgress,
+    StepStatus,
+    Task,
+    TaskStatus,
+    TaskSummary,
+)
+from .version import __version__
 
 if TYPE_CHECKING:
     from .durable import current_step, step, workflow
     from .runtime import Runtime
-    from .tools import ToolContext, tool
+    from .settings import Settings
+    from .tools import Registry, Tool, ToolContext, tool
+    from .tools.builtin import default_registry
+    from .tools.effects import artifacts_folder, publish_once
 
-__version__ = "0.1.0"
 
 __all__ = [
     "BlobDamaged",
+    "BlobUnreadable",
     "CommitUnknown",
     "DamagedTask",
     "EffectUnknown",
@@ -69,16 +93,21 @@ __all__ = [
     "InvalidTaskId",
     "LeaseLost",
     "NineLivesError",
+    "NotRegularFile",
     "OutputFailed",
     "OutputRefused",
     "PermanentError",
     "PlanError",
     "PlanMismatch",
     "PlanTampered",
+    "Registry",
     "Run",
     "Runtime",
+    "Settings",
     "Step",
     "StepFailed",
+    "StepNotDue",
+    "StepProgress",
     "StepStatus",
     "StoreError",
     "Task",
@@ -90,8 +119,10 @@ __all__ = [
     "TaskIdRemoved",
     "TaskParked",
     "TaskStatus",
+    "TaskSummary",
     "TaskWaiting",
     "TasksLeft",
+    "Tool",
     "ToolContext",
     "ToolError",
     "UnknownTask",
@@ -99,8 +130,11 @@ __all__ = [
     "WorkflowDiverged",
     "WorkflowError",
     "__version__",
+    "artifacts_folder",
     "current_step",
+    "default_registry",
     "open",
+    "publish_once",
     "step",
     "tool",
     "workflow",
@@ -118,17 +152,32 @@ def open(url: str | None = None, **kwargs: Any) -> Runtime:
     return _open(url, **kwargs)
 
 
+#: The names loaded on first use (``name: module``), so that ``import ninelives``
+#: (and the command's start-up) stays as light as the error tree and the records.
+_LAZY = {
+    "Runtime": ".runtime",
+    "Settings": ".settings",
+    "workflow": ".durable",
+    "step": ".durable",
+    "current_step": ".durable",
+    "tool": ".tools",
+    "Tool": ".tools",
+    "ToolContext": ".tools",
+    "Registry": ".tools",
+    "default_registry": ".tools.builtin",
+    "artifacts_folder": ".tools.effects",
+    "publish_once": ".tools.effects",
+}
+
+
 def __getattr__(name: str) -> Any:
-    if name == "Runtime":
-        from .runtime import Runtime
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ninelives' has no attribute {name!r}")
+    from importlib import import_module
 
-        return Runtime
-    if name in ("workflow", "step", "current_step"):
-        from . import durable
+    return getattr(import_module(module, __name__), name)
 
-        return getattr(durable, name)
-    if name in ("tool", "ToolContext"):
-        from . import tools
 
-        return getattr(tools, name)
-    raise AttributeError(f"module 'ninelives' has no attribute {name!r}")
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

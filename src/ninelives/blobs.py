@@ -8,7 +8,7 @@ A step output whose JSON text is over ``NINELIVES_BLOB_THRESHOLD`` bytes
 
 On SQLite the blobs are files in ``<database>.blobs/`` named by their SHA-256
 (written to a temporary file, fsynced, hard-linked to the name, the folder
-fsynced: :func:`ninelives.tools.effects.write_new`); on PostgreSQL rows of the
+fsynced: :func:`ninelives.diskio.write_new`); on PostgreSQL rows of the
 ``blobs`` and ``blob_chunks`` tables (migration 0008), committed before the
 reference. Identical content is stored once. Every read checks the SHA-256: a
 missing or different blob is :class:`~ninelives.errors.BlobDamaged` naming the
@@ -42,6 +42,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from .errors import BlobDamaged, EffectUnknown, StoreError
+from .errors import BlobUnreadable as BlobUnreadable  # its old home: kept importable
 
 if TYPE_CHECKING:
     from .models import Step, Task
@@ -73,11 +74,6 @@ class BlobRef(NamedTuple):
     def short(self) -> str:
         """For messages: the first 12 hex digits and the size."""
         return f"{self.sha256[:12]}… ({self.size} bytes)"
-
-
-class BlobUnreadable(Exception):
-    """A blob is missing or does not match its reference (internal: the store
-    turns it into :class:`~ninelives.errors.BlobDamaged` naming task and step)."""
 
 
 def parse_ref(value: Any) -> BlobRef | None:
@@ -335,7 +331,7 @@ class FolderBlobs:
         return os.path.join(self.folder, sha256)
 
     def put(self, chunks: Iterable[bytes], *, tag: str | None = None) -> BlobRef:
-        from .tools import effects
+        from . import diskio
 
         if os.path.islink(self.folder):
             # As for the lock folder: blobs go beside the database, never elsewhere.
@@ -343,9 +339,9 @@ class FolderBlobs:
         temp = f".{tag or 'blob'}.{os.urandom(8).hex()}.tmp"
         try:
             with self._locked(exclusive=False):
-                published = effects.write_new(self.folder, temp, chunks, private=True)
+                published = diskio.write_new(self.folder, temp, chunks, private=True)
         except OSError as exc:
-            if exc.errno in effects._STORAGE_ERRNOS:
+            if exc.errno in diskio.STORAGE_ERRNOS:
                 raise EffectUnknown(
                     f"storing a blob in {self.folder} failed ({exc.strerror}), stopping: "
                     "the next run recovers"
@@ -354,7 +350,7 @@ class FolderBlobs:
         return BlobRef(published.sha256, published.size)
 
     def _open_checked(self, ref: BlobRef) -> int:
-        from .tools import files
+        from . import files
 
         path = self._path(ref.sha256)
         try:
@@ -417,7 +413,7 @@ class FolderBlobs:
                 os.unlink(path)
             except FileNotFoundError:
                 return False
-        from .tools.effects import fsync_dir
+        from .diskio import fsync_dir
 
         fsync_dir(self.folder)
         return True

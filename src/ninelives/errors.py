@@ -23,11 +23,14 @@ the CLI maps each branch to one exit code in one place (``cli.EXIT_CODES``)::
     │   ├── DamagedTask            one task's stored rows cannot be read; others can
     │   │   ├── PlanTampered       its stored plan no longer matches its SHA-256
     │   │   └── BlobDamaged        a step's output blob is missing or does not match its hash
+    │   ├── BlobUnreadable         a blob cannot be read as referenced (becomes BlobDamaged)
+    │   ├── StepNotDue             a step started before its backoff ends; nothing written
     │   └── CommitUnknown          a write failed mid-commit; its outcome is unknown
     │       └── EffectUnknown      an effect's write or fsync failed (EIO, ENOSPC)
     ├── ToolError                  a tool refused its input or its effect conflicts
     │   ├── OutputRefused          a tool's output cannot be stored (recorded as step_error)
-    │   └── PermanentError         raised by a tool: fail the task now, no more attempts
+    │   ├── PermanentError         raised by a tool: fail the task now, no more attempts
+    │   └── NotRegularFile         a name a tool reads is a FIFO, device, folder or symlink
     ├── TasksLeft                  a drained worker left tasks it could not run
     ├── WorkflowError              a workflow's code cannot carry its task on (exit 12)
     │   └── WorkflowDiverged       the code no longer matches the task's journal
@@ -163,6 +166,22 @@ class BlobDamaged(DamagedTask):
         self.step = step
 
 
+class BlobUnreadable(StoreError):
+    """A blob is missing or does not match its reference. Raised by the blob
+    stores (:mod:`ninelives.blobs`), which know no task: where the task and
+    step are known it becomes :class:`BlobDamaged` naming them."""
+
+
+class StepNotDue(StoreError):
+    """``Store.start_step`` of a step still waiting out its backoff: ``wait``
+    seconds remain (on the store's clock). Nothing was written; the runtime
+    waits and starts it again."""
+
+    def __init__(self, task_id: str, idx: int, wait: float) -> None:
+        super().__init__(f"task {task_id!r} step {idx} is not due for {wait:.3f}s (backoff)")
+        self.wait = wait
+
+
 class CommitUnknown(StoreError):
     """A write transaction failed with an I/O error: it may or may not be durable.
 
@@ -195,6 +214,11 @@ class OutputRefused(ToolError):
     number JSON has no text for (NaN, infinity), text that is not valid Unicode
     (a lone surrogate), or more than the maximum output size. Recorded as the
     attempt's ``step_error`` before anything is committed."""
+
+
+class NotRegularFile(ToolError):
+    """The name exists but is not a regular file (a FIFO, a device, a folder, a
+    symlink): refused instead of read or written through (:mod:`ninelives.files`)."""
 
 
 class TasksLeft(NineLivesError):

@@ -145,7 +145,7 @@ def fork_steps(source: Task, start: int, appended_by: Mapping[int, int]) -> list
 def started_data(tool: str, attempt: int, tool_version: str | None = None) -> dict[str, Any]:
     """The data of a ``step_started``: the tool and attempt, the ninelives
     version running it and, when the tool declares one, the tool's version."""
-    from . import __version__
+    from .version import __version__
 
     data: dict[str, Any] = {"tool": tool, "attempt": attempt, "ninelives": __version__}
     if tool_version is not None:

@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote
 
+from .humanize import duration
 from .journal import calls_models, model_usage
 from .models import Event, EventKind, StepStatus, Task
 
@@ -200,10 +201,10 @@ class _Axis:
         for i, (a, b) in enumerate(self.gaps):
             left += self.widths[i]
             out.append(
-                f'<g class="gap"><title>{_e(f"no process for {_seconds(b - a)}")}</title>'
+                f'<g class="gap"><title>{_e(f"no process for {duration(b - a)}")}</title>'
                 f'<rect x="{left:.1f}" y="0" width="{_GAP}" height="{height - 20}"></rect>'
                 f'<text x="{left + _GAP / 2:.1f}" y="{height - 4}" text-anchor="middle">'
-                f"{_e(_seconds(b - a))}</text></g>"
+                f"{_e(duration(b - a))}</text></g>"
             )
             left += _GAP
         return out
@@ -211,16 +212,6 @@ class _Axis:
 
 _GAP = 44
 _MIN_ACTIVE = 90
-
-
-def _seconds(value: float) -> str:
-    if value < 1:
-        return f"{value * 1000:.0f} ms"
-    if value < 120:
-        return f"{value:.1f} s"
-    if value < 7200:
-        return f"{value / 60:.0f} min"
-    return f"{value / 3600:.1f} h"
 
 
 def _model_notes(task: Task) -> dict[int, str]:
@@ -284,7 +275,7 @@ def _bar(a: Attempt, x: Any, y: int, lane_end: float, notes: Mapping[int, str]) 
             outcome += f"; {notes[a.step]}"
     title = (
         f"step {a.step} {a.tool}, attempt {a.attempt if a.attempt is not None else '?'}, "
-        f"{_seconds(end - a.start)}, {outcome}"
+        f"{duration(end - a.start)}, {outcome}"
     )
     label = f"{a.step} {a.tool}" + (" ✕ killed" if a.end is None else "")
     # A label that does not fit its bar goes after it, in the text colour.

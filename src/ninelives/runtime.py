@@ -26,6 +26,7 @@ from .errors import (
     TaskExists,
     TaskFailed,
 )
+from .humanize import duration
 from .journal import dumps, encode_output, storable
 from .models import (
     AGENT_TOOL,
@@ -609,7 +610,7 @@ class Runtime:
         if self._log is not None:
             again = " (recovered)" if step.idx in run.recovered else ""
             self._say(
-                f"{run.task_id}: step {step.idx} {step.tool} done in {_took(took)}{again} "
+                f"{run.task_id}: step {step.idx} {step.tool} done in {duration(took)}{again} "
                 f"{_brief(output)}"
             )
         if follow is not None and follow.fail:
@@ -766,17 +767,6 @@ def workflow_result(events: list[Event]) -> Any:
         if event.kind == EventKind.TASK_DONE.value:
             return event.data.get("result")
     return None
-
-
-def _took(seconds: float) -> str:
-    """A step's elapsed time as the progress line shows it: ``3 ms``, ``1.2 s``, ``4 min``."""
-    if seconds < 0.01:
-        return f"{seconds * 1000:.1f} ms"
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    return f"{seconds / 60:.0f} min"
 
 
 def _back_off(delay: float, stop: Callable[[], bool] | None) -> None:

@@ -327,7 +327,7 @@ def reexecuted_effects(events: Sequence[Any]) -> int:
 
 def _read_published(path: str) -> bytes | None:
     """The bytes of a regular file at ``path``, or None (missing, a FIFO, unreadable)."""
-    from .tools import files
+    from . import files
 
     try:
         fd = files.open_regular(path)
@@ -345,20 +345,20 @@ def published_duplicates(tasks: Sequence[Task], folder: str) -> list[tuple[str, 
     """Files whose content is not the one publication their output records, with
     the number of extra publications each holds: ``k - 1`` for the recorded
     content k times over, 1 for any other difference."""
-    from .tools.effects import _sha256
+    from .diskio import sha256_hex
 
     found = []
     for task in tasks:
         for output in artifact_outputs(task).values():
             name = os.path.basename(output["path"])
             data = _read_published(os.path.join(folder, name))
-            if data is None or _sha256(data) == output["sha256"]:
+            if data is None or sha256_hex(data) == output["sha256"]:
                 continue
             size = output.get("bytes")
             extra = 1
             if isinstance(size, int) and 0 < size < len(data) and len(data) % size == 0:
                 copies = len(data) // size
-                if data == data[:size] * copies and _sha256(data[:size]) == output["sha256"]:
+                if data == data[:size] * copies and sha256_hex(data[:size]) == output["sha256"]:
                     extra = copies - 1
             found.append((f"{name}: {extra} extra publication(s)", extra))
     return found

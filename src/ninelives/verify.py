@@ -514,7 +514,7 @@ def artifact_outputs(task: Task) -> dict[int, dict[str, Any]]:
 def check_artifacts(task: Task, events: Sequence[Event], folder: str) -> list[Violation]:
     """Each published artifact exists in ``folder`` and matches its recorded
     ``sha256`` (and ``bytes``); no temporary file of this task is left behind."""
-    from .tools import files
+    from . import files
     from .tools.effects import is_temp_of
 
     found: list[Violation] = []

@@ -171,7 +171,7 @@ class Worker:
         self._log_lock = threading.Lock()
         self._log = self._serialized(log)
         self._step_log = self._serialized(step_log)
-        self._on_progress = on_progress  # the sink serializes itself (see cli_bar)
+        self._on_progress = on_progress  # the sink serializes itself (see cli.bar)
         self.name = f"{_hostname()}/{os.getpid()}"
         self._stopping = threading.Event()
         self._signals = 0

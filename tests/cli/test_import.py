@@ -47,6 +47,10 @@ def test_import_cli_loads_only_the_standard_library_and_nothing_heavy() -> None:
     # Nor the runtime, the stores or the tools: they load when a command needs them.
     lazy = ("ninelives.runtime", "ninelives.store", "ninelives.tools", "ninelives.testing")
     assert [m for m in modules if m.startswith(lazy)] == []
+    # Nor the web view (http.server) or the live bar (threading): ui and a terminal load them.
+    assert [
+        m for m in ("ninelives.cli.webui", "ninelives.cli.bar", "http.server") if m in modules
+    ] == []
 
 
 def test_import_ninelives_alone_is_as_light() -> None:

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from ninelives import cli, cli_ops
+from ninelives import cli
+from ninelives.cli import output
 from ninelives.testing import Lab, Result
 
 NULL = os.makedev(1, 3)
@@ -162,7 +163,7 @@ def test_a_fifo_nobody_reads_is_refused_not_waited_on_forever(
 ) -> None:
     os.mkfifo(done.root / "pipe")
     monkeypatch.chdir(done.root)
-    monkeypatch.setattr(cli_ops, "FIFO_READER_WAIT", 0.2)
+    monkeypatch.setattr(output, "FIFO_READER_WAIT", 0.2)
     assert cli.main(["report", "t", "-o", "pipe"]) == 10
     err = capsys.readouterr().err
     assert "no process opened for reading" in err, err

@@ -15,10 +15,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ninelives import cli
+from ninelives import cli, diskio
 from ninelives.errors import CommitUnknown, EffectUnknown, ToolError
 from ninelives.store.sqlite import SQLiteStore
-from ninelives.tools import effects
 
 MODE = sys.argv.pop(1)
 _finish_step = SQLiteStore.finish_step
@@ -34,7 +33,7 @@ def finish_step(self: SQLiteStore, *args: Any, **kwargs: Any) -> None:
 
 SQLiteStore.finish_step = finish_step  # type: ignore[method-assign]
 
-_fsync = effects._fsync
+_fsync = diskio.fsync_file
 
 
 def fsync_or_tool_error(fd: int, path: str) -> None:
@@ -45,7 +44,7 @@ def fsync_or_tool_error(fd: int, path: str) -> None:
 
 
 if MODE == "effect-retry":
-    effects._fsync = fsync_or_tool_error
+    diskio.fsync_file = fsync_or_tool_error
 
 if __name__ == "__main__":
     sys.exit(cli.main())

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ninelives.cli_bar import TerminalBar, counts
+from ninelives.cli.bar import TerminalBar, counts
 from ninelives.models import StepProgress
 
 

@@ -23,20 +23,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from ..errors import InputError, StoreError, TaskExists, TaskIdRemoved, UnknownTask
+from ..errors import StepNotDue as StepNotDue  # its old home: kept importable
 from ..models import Event, EventKind, Run, Step, StepStatus, Task, TaskStatus
 
 if TYPE_CHECKING:
     from ..blobs import Blobs
     from ..plan import Plan
-
-
-class StepNotDue(StoreError):
-    """:meth:`Store.start_step` of a step still waiting out its backoff: ``wait``
-    seconds remain (on the store's clock). Nothing was written."""
-
-    def __init__(self, task_id: str, idx: int, wait: float) -> None:
-        super().__init__(f"task {task_id!r} step {idx} is not due for {wait:.3f}s (backoff)")
-        self.wait = wait
 
 
 class Store(Protocol):

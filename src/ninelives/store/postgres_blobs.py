@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from ..blobs import CHUNK, BlobRef, BlobUnreadable
-from ..errors import CommitUnknown, StoreError
+from ..blobs import CHUNK, BlobRef
+from ..errors import BlobUnreadable, CommitUnknown, StoreError
 from .postgres_session import Q
 
 if TYPE_CHECKING:

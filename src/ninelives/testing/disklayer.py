@@ -437,7 +437,8 @@ def recording_vfs() -> RecordingVFS:
 
 
 class EffectsOS:
-    """Stands in for ``os`` inside :mod:`ninelives.tools.effects`, feeding the model.
+    """Stands in for ``os`` inside :mod:`ninelives.tools.effects` and
+    :mod:`ninelives.diskio`, feeding the model.
 
     ``drop_file_fsync`` / ``drop_dir_fsync`` turn those fsyncs into no-ops:
     negative controls that show the harness sees a missing fsync; with
@@ -562,24 +563,30 @@ def store_through(proxy: EffectsOS) -> Iterator[None]:
 
 @contextmanager
 def effects_through(proxy: EffectsOS, *, plain_mkdir: bool = False) -> Iterator[None]:
-    """Route :mod:`ninelives.tools.effects` through ``proxy`` for the block.
+    """Route :mod:`ninelives.tools.effects` and the durable primitives it writes
+    with (:mod:`ninelives.diskio`) through ``proxy`` for the block.
 
     ``plain_mkdir`` makes the artifact folder without fsyncing its parent
     (a negative control: the folder, and every artifact in it, can vanish).
     """
+    from .. import diskio
     from ..tools import effects
 
-    # The module's own global `os` is swapped, so only effects.py sees the proxy.
-    namespace = vars(effects)
-    saved_os, saved_make = namespace["os"], effects.make_folder
-    namespace["os"] = proxy
+    # The modules' own global `os` is swapped, so only they see the proxy.
+    spaces = (vars(effects), vars(diskio))
+    saved = [space["os"] for space in spaces]
+    saved_make = diskio.make_folder
+    for space in spaces:
+        space["os"] = proxy
     if plain_mkdir:
 
         def plain(folder: str, mode: int = 0o777) -> None:
             proxy.makedirs(folder, mode, exist_ok=True)
 
-        effects.make_folder = plain
+        diskio.make_folder = plain
     try:
         yield
     finally:
-        namespace["os"], effects.make_folder = saved_os, saved_make
+        for space, was in zip(spaces, saved, strict=True):
+            space["os"] = was
+        diskio.make_folder = saved_make

@@ -6,11 +6,13 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .. import files
 from ..blobs import CHUNK, Blobs
 from ..blobs import current as current_blobs
+from ..diskio import sha256_hex
 from ..errors import PlanError, ToolError
 from ..settings import Settings
-from . import Registry, Tool, ToolContext, effects, files, load_tool_modules
+from . import Registry, Tool, ToolContext, effects, load_tool_modules
 
 if TYPE_CHECKING:
     from ..plan import Plan
@@ -89,7 +91,7 @@ def make_fetch(settings: Settings) -> Tool:
     The path is data relative to the workspace (the working directory, or
     ``NINELIVES_WORKSPACE``): absolute paths and ``..`` are refused at
     ``create``; at run time it is opened one component at a time beneath the
-    workspace (:func:`ninelives.tools.files.open_beneath`), so a symlink that
+    workspace (:func:`ninelives.files.open_beneath`), so a symlink that
     leads out, or one swapped in while the path is resolved, is refused. Only
     a regular file is read (never a FIFO or a device), and only with a single
     name: a file with other hard links may have a name outside the workspace,
@@ -144,7 +146,7 @@ def make_fetch(settings: Settings) -> Tool:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
             raise ToolError(f"{path} is not UTF-8 text") from None
-        return {"chars": len(text), "sha256": effects._sha256(data), "text": text}
+        return {"chars": len(text), "sha256": sha256_hex(data), "text": text}
 
     return Tool(
         name="fetch",

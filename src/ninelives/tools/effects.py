@@ -14,21 +14,36 @@ runner at once; the next run recovers the step.
 
 from __future__ import annotations
 
-import errno
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from contextvars import ContextVar
-from dataclasses import dataclass
 
-from .. import crashpoints
+from .. import files
+from ..diskio import (
+    STORAGE_ERRNOS,
+    Published,
+    fsync_dir,
+    make_folder,
+    sha256_hex,
+    write_new,
+)
 from ..errors import EffectUnknown, ToolError
-from . import files
 
-_OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-#: Errors that say the storage is failing or full: retrying the step in this
-#: process would only use up its attempts.
-_STORAGE_ERRNOS = frozenset({errno.EIO, errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+#: Kept for tools that imported the durable primitives from here.
+__all__ = [
+    "Published",
+    "append_unsafe",
+    "artifacts_folder",
+    "fsync_dir",
+    "holds",
+    "is_temp_of",
+    "make_folder",
+    "model_artifact",
+    "publish_once",
+    "remove_orphans",
+    "write_new",
+]
 
 
 #: The artifacts folder of the task being run, set by the runtime around its steps.
@@ -52,83 +67,6 @@ def artifacts_folder(default: str | None = None) -> str:
     return os.environ.get("AGENT_ARTIFACTS") or "artifacts"
 
 
-@dataclass(frozen=True, kw_only=True)
-class Published:
-    """Where the content is, whether it was already there, and its SHA-256."""
-
-    path: str
-    deduplicated: bool
-    sha256: str
-    size: int
-
-
-def _sha256(data: bytes) -> str:
-    import hashlib  # ~10 ms to import (OpenSSL): keep it off the CLI start-up path
-
-    return hashlib.sha256(data).hexdigest()
-
-
-def _fsync(fd: int, path: str) -> None:
-    # Never retried: after a failed fsync the kernel may have dropped the dirty
-    # pages, and a second fsync can report success for data that is gone.
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        raise EffectUnknown(
-            f"fsync of {path} failed ({exc.strerror}); whether it is durable is unknown, "
-            "stopping without retrying: the next run recovers"
-        ) from exc
-
-
-def fsync_dir(folder: str) -> None:
-    """fsync a folder, so names linked or unlinked in it survive power loss.
-
-    Raises :class:`~ninelives.errors.EffectUnknown` if the fsync fails.
-    """
-    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        _fsync(fd, folder)
-    finally:
-        os.close(fd)
-
-
-def make_folder(folder: str, mode: int = 0o777) -> None:
-    """Create ``folder`` and its missing parents so that they survive power loss.
-
-    A folder's name lives in its parent, so it is durable only once the parent
-    is fsynced. The parent of ``folder`` is fsynced even when ``folder`` already
-    existed: an earlier attempt may have died between its mkdir and that fsync.
-    ``mode`` is that of the folders created (before the umask).
-    """
-    folder = os.path.abspath(folder)
-    created = []
-    path = folder
-    while not os.path.isdir(path) and os.path.dirname(path) != path:
-        created.append(path)
-        path = os.path.dirname(path)
-    os.makedirs(folder, mode=mode, exist_ok=True)
-    for parent in sorted({os.path.dirname(p) for p in [*created, folder]}, key=len):
-        fsync_dir(parent)
-
-
-def _check_existing(path: str, expected: str, size: int) -> None:
-    # Whatever is at the name was put there by someone else: a FIFO must not
-    # block the run, a symlink must not be followed, a huge file must not be
-    # read into memory (a different size already says "different content").
-    try:
-        fd = files.open_regular(path)
-    except files.NotRegularFile as exc:
-        raise ToolError(f"{exc}; refusing to publish over it") from None
-    except OSError as exc:
-        raise ToolError(f"{path} exists but cannot be read: {exc.strerror}") from exc
-    try:
-        same = os.fstat(fd).st_size == size and files.sha256_of(fd) == (expected, size)
-    finally:
-        os.close(fd)
-    if not same:
-        raise ToolError(f"{path} exists with different content; refusing to overwrite it")
-
-
 def publish_once(folder: str, name: str, data: bytes, *, step: int | None = None) -> Published:
     """Publish ``data`` as ``folder/name`` unless that name already holds it.
 
@@ -143,7 +81,7 @@ def publish_once(folder: str, name: str, data: bytes, *, step: int | None = None
     try:
         return _publish(folder, name, data, step)
     except OSError as exc:
-        if exc.errno in _STORAGE_ERRNOS:
+        if exc.errno in STORAGE_ERRNOS:
             raise EffectUnknown(
                 f"publishing {name} in {folder} failed ({exc.strerror}), stopping: "
                 "the next run recovers"
@@ -154,97 +92,6 @@ def publish_once(folder: str, name: str, data: bytes, *, step: int | None = None
 def _publish(folder: str, name: str, data: bytes, step: int | None) -> Published:
     temp = f".{name}.{os.urandom(8).hex()}.tmp"
     return write_new(folder, temp, [data], name=name, step=step, artifact=True)
-
-
-def write_new(
-    folder: str,
-    temp: str,
-    chunks: Iterable[bytes],
-    *,
-    name: str | None = None,
-    step: int | None = None,
-    artifact: bool = False,
-    private: bool = False,
-) -> Published:
-    """Write ``chunks`` durably as a new file in ``folder``; the primitive of
-    :func:`publish_once` and of the blob store (:mod:`ninelives.blobs`).
-
-    The chunks go to the temporary file ``temp`` (created with ``O_EXCL |
-    O_NOFOLLOW``), hashed on the way, so nothing larger than one chunk is held;
-    the file is fsynced, hard-linked to its final name (``name``, else the
-    SHA-256 hex digest: content-addressed), the temporary name removed and the
-    folder fsynced. A final name that already exists is checked: the same
-    content is ``deduplicated``; different content is a :class:`ToolError` for
-    an artifact, and for a content-addressed file (whose name says what it must
-    hold) a damaged copy that is replaced. ``artifact`` enables the artifact
-    crash points; ``private`` makes the folder 0700 and the file 0600.
-    A failed fsync raises :class:`EffectUnknown`; an error raised by ``chunks``
-    propagates with the temporary file removed.
-    """
-    import hashlib  # ~10 ms to import (OpenSSL): keep it off the CLI start-up path
-
-    make_folder(folder, 0o700 if private else 0o777)
-    tmp = os.path.join(folder, temp)
-    digest = hashlib.sha256()
-    size = 0
-    fd = os.open(tmp, _OPEN_NEW, 0o600 if private else 0o644)
-    try:
-        try:
-            for chunk in chunks:
-                digest.update(chunk)
-                size += len(chunk)
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(fd, view) :]
-            _fsync(fd, tmp)
-        finally:
-            os.close(fd)
-        hexdigest = digest.hexdigest()
-        final = os.path.join(folder, name if name is not None else hexdigest)
-        if artifact:
-            crashpoints.crash("artifact_before_link", step)
-        try:
-            os.link(tmp, final, follow_symlinks=False)
-            deduplicated = False
-        except FileExistsError:
-            if name is not None:
-                _check_existing(final, hexdigest, size)
-                deduplicated = True
-            else:
-                deduplicated = _keep_or_replace(final, tmp, hexdigest, size)
-    finally:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-    if artifact:
-        crashpoints.crash("artifact_before_dirsync", step)
-    # Also on the deduplicated path: the earlier attempt may have died before
-    # its folder fsync, and its name must be durable before we report it.
-    fsync_dir(folder)
-    return Published(path=final, deduplicated=deduplicated, sha256=hexdigest, size=size)
-
-
-def _keep_or_replace(final: str, tmp: str, expected: str, size: int) -> bool:
-    """A content-addressed name exists: True if it holds ``expected`` (its
-    modification time is refreshed, so a sweep of old unreferenced files spares
-    it until the reference is committed); else the damaged copy is replaced."""
-    try:
-        fd = files.open_regular(final)
-    except files.NotRegularFile as exc:
-        raise ToolError(f"{exc}; refusing to store over it") from None
-    try:
-        same = os.fstat(fd).st_size == size and files.sha256_of(fd) == (expected, size)
-    finally:
-        os.close(fd)
-    if same:
-        os.utime(final)
-        return True
-    # Not atomic, but never wrong: between the two a reader finds the name
-    # missing, which is as much an error as the damaged copy was.
-    os.unlink(final)
-    os.link(tmp, final, follow_symlinks=False)
-    return False
 
 
 def append_unsafe(path: str, data: bytes) -> None:
@@ -327,7 +174,7 @@ def holds(folder: str, name: str, data: bytes) -> Published | None:
         digest = files.sha256_of(fd) if size == len(data) else None
     finally:
         os.close(fd)
-    if digest != (_sha256(data), len(data)):
+    if digest != (sha256_hex(data), len(data)):
         return None
     fsync_dir(folder)
     return Published(path=path, deduplicated=True, sha256=digest[0], size=digest[1])

@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from .models import StepProgress
+from ..humanize import duration
+from ..models import StepProgress
 
 _WIDTH = 20  # cells of the bar itself
 _INTERVAL = 0.1  # seconds between redraws: ten a second at most
@@ -47,18 +48,16 @@ def _count(value: Any) -> int | None:
 
 def render(update: StepProgress, clean: Callable[[str], str]) -> str | None:
     """The bar's text for ``update`` (``clean`` escapes stored names), or None."""
-    from .runtime import _took
-
     shape = counts(update.progress)
     if shape is None:
         return None
     done, total = shape
     head = clean(f"{update.task_id}: step {update.step} {update.tool}")
     if total is None:
-        return f"{head} {done} done  {_took(update.elapsed)}"
+        return f"{head} {done} done  {duration(update.elapsed)}"
     filled = _WIDTH * min(done, total) // total
     bar = "#" * filled + "." * (_WIDTH - filled)
-    return f"{head} [{bar}] {done}/{total}  {_took(update.elapsed)}"
+    return f"{head} [{bar}] {done}/{total}  {duration(update.elapsed)}"
 
 
 class TerminalBar:

@@ -20,7 +20,8 @@ import errno
 import os
 import stat
 
-from ..errors import ToolError
+from .errors import NotRegularFile as NotRegularFile  # its old home: kept importable
+from .errors import ToolError
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -30,10 +31,6 @@ OPEN_READ = os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK | _CLOEXEC
 _OPEN_DIR = os.O_RDONLY | _NOFOLLOW | _DIRECTORY | _CLOEXEC
 #: The most symlinks one path may go through (Linux's own limit).
 MAX_SYMLINKS = 40
-
-
-class NotRegularFile(ToolError):
-    """The name exists but is not a regular file (a FIFO, a device, a folder, a symlink)."""
 
 
 def kind_of(mode: int) -> str:

@@ -26,9 +26,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
-from .cli_ops import age
-from .errors import InputError, NineLivesError, UnknownTask
-from .models import TaskStatus
+from ..errors import InputError, NineLivesError, UnknownTask
+from ..humanize import age
+from ..models import TaskStatus
 
 PAGE_SIZE = 50
 #: The deepest page: the listing reads ``page x PAGE_SIZE`` rows to find it.
@@ -149,8 +149,8 @@ class Handler(BaseHTTPRequestHandler):
             task, _ = viewer.task(_task_id(path.removeprefix("/api/tasks/")))
             self._json({**task.as_status(), "outputs": {s.idx: s.output for s in task.steps}})
         elif path.startswith("/task/"):
-            from . import __version__
-            from .report import render
+            from ..report import render
+            from ..version import __version__
 
             task, events = viewer.task(_task_id(path.removeprefix("/task/")))
             text = render(task, events, version=__version__)
@@ -188,13 +188,13 @@ class Handler(BaseHTTPRequestHandler):
 def _task_id(text: str) -> str:
     from urllib.parse import unquote
 
-    from .runtime import check_task_id
+    from ..runtime import check_task_id
 
     return check_task_id(unquote(text))
 
 
 def _filters(query: Mapping[str, str]) -> tuple[str | None, str | None, int]:
-    from .runtime import check_queue
+    from ..runtime import check_queue
 
     status = query.get("status") or None
     if status is not None and status not in {s.value for s in TaskStatus}:
@@ -264,7 +264,7 @@ def _index(
 
 
 def _shown(url: str) -> str:
-    from .store.conninfo import redact_url
+    from ..store.conninfo import redact_url
 
     return redact_url(url)
 

@@ -1,0 +1,169 @@
+"""The commands that check tasks after the fact: ``verify``, ``torture`` and
+``replay-check``. Each raises :class:`~ninelives.errors.VerificationFailed`
+(exit 7) on what it finds, after printing it. Standard library only at import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ..errors import InputError, StoreError, VerificationFailed
+from .common import Command, open_reader, settings_of
+from .output import flush, out, printable, say, scrub
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from ..settings import Settings
+    from ..store import MissingStore
+    from ..verify import verify_store
+
+    settings = Settings.from_env()
+    if (args.task_id is None) != args.all:
+        which = ", not both" if args.all else ""
+        raise InputError(f"give a TASK or --all{which} (see 'ninelives verify --help')")
+    if args.artifacts is not None and os.path.exists(args.artifacts):
+        if not os.path.isdir(args.artifacts):
+            raise InputError(f"--artifacts {args.artifacts}: not a folder")
+    with open_reader(args) as store:
+        if args.all and isinstance(store, MissingStore):
+            raise StoreError(f"no database at {args.db} ('ninelives create' makes one)")
+        ids = None if args.all else [args.task_id]
+        limits = (settings.max_attempts, settings.max_recoveries)
+        report = verify_store(store, ids, artifacts=args.artifacts, limits=limits)
+    for violation in report.violations:
+        out(printable(scrub(str(violation))))
+    integrity = ", integrity checked" if report.integrity_checked else ""
+    summary = f"verified {report.tasks} task(s), {report.events} event(s){integrity}"
+    if report.ok:
+        out(f"{summary}: no violations")
+        return 0
+    out(f"{summary}: {len(report.violations)} violation(s)")
+    flush()  # the list is the finding: a failure to print it is not "violations"
+    tampered = sorted({v.task_id for v in report.violations if v.check == "plan_integrity"})
+    if tampered:  # refused as run refuses it: exit 5, naming the task
+        from ..errors import PlanTampered
+
+        named = ", ".join(repr(t) for t in tampered)
+        raise PlanTampered(
+            f"task {named}: stored goal or steps changed since create (SHA-256 mismatch)",
+            task_id=tampered[0],
+        )
+    raise VerificationFailed(f"{len(report.violations)} violation(s) found")
+
+
+def cmd_torture(args: argparse.Namespace) -> int:
+    from ..torture import torture
+
+    if args.tools is not None:
+        # The plan is checked here and run by child processes: both read the variable.
+        os.environ["NINELIVES_TOOLS"] = args.tools
+    report = torture(
+        args.plan,
+        workflow=args.workflow,
+        args=args.args,
+        kills=args.kills,
+        seed=args.seed,
+        workers=args.workers,
+        folder=args.dir,
+        pause=args.pause,
+        log=None if args.quiet else say,
+    )
+    for line in report.summary_lines():
+        out(printable(line))
+    if not report.ok:
+        flush()
+        raise VerificationFailed(
+            f"{report.duplicates} duplicate(s), {report.lost_commits} lost commit(s), "
+            f"{len(report.violations)} violation(s); replay with --seed {report.seed}"
+        )
+    return 0
+
+
+def _verify_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("task_id", metavar="TASK", nargs="?")
+    p.add_argument("--all", action="store_true", help="check every task")
+    p.add_argument("--artifacts", metavar="DIR", help="also check the published files in DIR")
+
+
+def _torture_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("plan", metavar="PLAN", nargs="?", help="a plan file (or give --workflow)")
+    p.add_argument("--workflow", metavar="NAME", help="torture tasks of this workflow instead")
+    p.add_argument(
+        "--args", default="[]", metavar="JSON", help="the workflow's arguments (default [])"
+    )
+    p.add_argument("--kills", type=int, default=10, metavar="N", help="SIGKILLs (default 10)")
+    p.add_argument("--seed", type=int, metavar="S", help="seed of the kill schedule")
+    p.add_argument("--workers", type=int, default=1, metavar="K", help="tasks run in parallel")
+    p.add_argument("--dir", metavar="DIR", help="scratch folder (default: a new temp folder)")
+    p.add_argument(
+        "--pause",
+        type=float,
+        default=0.01,
+        metavar="SECONDS",
+        help="sleep at every crash point so kills land between commits (default 0.01; 0: off)",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def cmd_replay_check(args: argparse.Namespace) -> int:
+    """``ninelives replay-check (TASK | --all)``: replay each unfinished workflow task
+    on the code loaded here, running no step; exit 7 with one line per divergence."""
+    from ..models import TaskStatus, is_workflow
+    from ..replay import replay_check
+    from ..tools.builtin import default_registry
+
+    if (args.task_id is None) != args.all:
+        raise InputError("give a TASK or --all, not both (see 'ninelives replay-check --help')")
+    default_registry(settings_of(args))  # imports the --tools modules: their workflows
+    finished = (TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.CANCELLED)
+    found: list[str] = []
+    checked = 0
+    with open_reader(args) as store:
+        ids = store.task_ids() if args.all else [args.task_id]
+        for task_id in ids:
+            task = store.get_task(task_id)
+            if not is_workflow(task.goal):
+                if args.all:
+                    continue
+                raise InputError(f"task {task_id!r} is not a workflow task: nothing to replay")
+            if args.all and task.status in finished:
+                continue
+            checked += 1
+            diverged = replay_check(task)
+            if diverged is not None:
+                called = diverged.called if diverged.called is not None else "(returns)"
+                found.append(
+                    f"{diverged.task_id}: step {diverged.step}: journal {diverged.stored!r}, "
+                    f"code {called!r}"
+                )
+    for line in found:
+        out(printable(line))
+    if found:
+        flush()
+        raise VerificationFailed(f"{len(found)} of {checked} workflow task(s) diverge")
+    out(f"replay-check: {checked} workflow task(s) replay on this code")
+    return 0
+
+
+def _replay_check_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("task_id", metavar="TASK", nargs="?")
+    p.add_argument("--all", action="store_true", help="every unfinished workflow task")
+
+
+#: The commands of this module, in the order ``--help`` lists them.
+COMMANDS = {
+    "verify": Command(
+        cmd_verify, "check tasks after the fact: journal, statuses, outputs, artifacts",
+        _verify_args, "ninelives verify --all --artifacts artifacts",
+    ),
+    "torture": Command(
+        cmd_torture, "SIGKILL fresh tasks of a plan at random, resume them, verify", _torture_args,
+        "cd examples/demo && ninelives torture plan.json --kills 20 --seed 7",
+    ),
+    "replay-check": Command(
+        cmd_replay_check,
+        "replay unfinished workflow tasks on this code, running no step: report any divergence",
+        _replay_check_args, "ninelives --tools flows replay-check --all   # before a deploy",
+    ),
+}  # fmt: skip

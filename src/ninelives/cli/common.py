@@ -1,0 +1,92 @@
+"""What the command modules share: the record of a command, and the opening of
+the runtime, a reader or an existing database for one command's arguments.
+
+Standard library only at import; each opener imports what it opens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from . import output
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+class Command(NamedTuple):
+    """One ``ninelives`` command: what runs it, its one-line help, what declares
+    its arguments, and the example that ends its ``--help`` (a test checks each has one)."""
+
+    handler: Handler
+    help: str
+    declare: Callable[[argparse.ArgumentParser], None]
+    example: str
+
+
+def settings_of(args: argparse.Namespace) -> Any:
+    """The environment's settings, with ``--tools`` in place of ``NINELIVES_TOOLS``."""
+    from ..settings import Settings, parse_tool_modules
+
+    settings = Settings.from_env()
+    tools = getattr(args, "tools", None)
+    if tools is not None:
+        settings = settings._replace(tool_modules=parse_tool_modules(tools))
+    return settings
+
+
+def open_runtime(args: argparse.Namespace, *, create: bool = True, readonly: bool = False) -> Any:
+    """The runtime over ``--db``, logging to stderr unless ``--quiet``."""
+    from ..runtime import open as open_rt
+
+    quiet = getattr(args, "quiet", False)
+    log = None if quiet else output.say
+    return open_rt(
+        args.db, settings=settings_of(args), create=create, readonly=readonly, log=log,
+        on_progress=None if quiet or readonly else output.progress_bar(),
+    )  # fmt: skip
+
+
+def open_reader(args: argparse.Namespace) -> Any:
+    """The database opened for reading only, for commands that only read: no
+    runtime, settings or tools imported (a cold ``status`` starts faster)."""
+    from contextlib import closing
+
+    from ..store import open_store
+
+    return closing(open_store(args.db, readonly=True))
+
+
+def open_existing(args: argparse.Namespace, *, write: bool) -> Any:
+    """The store of ``--db`` for a housekeeping command: read-only unless ``write``;
+    a database that does not exist is an error, never created."""
+    from ..errors import StoreError
+    from ..store import MissingStore, open_store
+
+    store = open_store(args.db, create=False, readonly=not write)
+    if isinstance(store, MissingStore):
+        raise StoreError(f"no database at {args.db} ('ninelives create' makes one)")
+    return store
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 step``, ``3 steps``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def queue_of(args: argparse.Namespace) -> str:
+    """``--queue`` as given (even empty: checked as given), else ``$NINELIVES_QUEUE``,
+    else ``default``."""
+    if args.queue is not None:
+        return str(args.queue)
+    return os.environ.get("NINELIVES_QUEUE") or "default"
+
+
+QUEUE_HELP = "the workers' queue (default: $NINELIVES_QUEUE or 'default')"
+
+
+def task_arg(p: argparse.ArgumentParser) -> None:
+    """The one positional ``TASK_ID``."""
+    p.add_argument("task_id", metavar="TASK_ID")

@@ -1,0 +1,125 @@
+"""The commands by which a person decides a task's course: ``cancel``, ``fork``,
+``resolve`` (a step whose outcome was unknown) and ``approve`` (a step waiting
+for a person). Standard library only at import.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import Command, open_runtime
+from .output import out
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """``ninelives cancel TASK [--reason TEXT]``."""
+
+    with open_runtime(args, create=False) as rt:
+        task, changed = rt.cancel(args.task_id, reason=args.reason)
+    if changed:
+        out(f"task {task.id!r} cancelled: it is not run again (a runner holding it stops "
+                 "before its next step)")  # fmt: skip
+    else:
+        out(f"task {task.id!r} was already cancelled")
+    return 0
+
+
+def _cancel_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("task_id", metavar="TASK")
+    p.add_argument("--reason", metavar="TEXT", help="why, journaled in task_cancelled")
+
+
+def cmd_fork(args: argparse.Namespace) -> int:
+    """``ninelives fork TASK NEW_ID --from STEP [--queue NAME]``."""
+
+    with open_runtime(args, create=False) as rt:
+        task = rt.fork(args.task_id, args.new_id, start=args.start, queue=args.queue)
+    copied = sum(1 for s in task.steps if s.output is not None)
+    where = f" in queue {args.queue!r}" if args.queue else ""
+    out(
+        f"forked task {task.id!r} from {args.task_id!r} at step {args.start}{where}: "
+        f"{copied} step(s) copied done, {len(task.steps) - copied} to run"
+    )
+    return 0
+
+
+def _fork_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("task_id", metavar="TASK")
+    p.add_argument("new_id", metavar="NEW_ID")
+    p.add_argument(
+        "--from", dest="start", type=int, required=True, metavar="STEP",
+        help="the first step the fork runs; the steps before it are copied done",
+    )  # fmt: skip
+    p.add_argument("--queue", metavar="NAME", help="also enqueue the fork for workers of NAME")
+
+
+def cmd_resolve(args: argparse.Namespace) -> int:
+    from ..parking import resolve
+
+    with open_runtime(args, create=False) as rt:
+        task = resolve(
+            rt.store, args.task_id, args.step, done=args.done, retry=args.retry,
+            max_output=rt.settings.max_output,
+        )  # fmt: skip
+    what = "done with the output given" if args.done is not None else "pending, to run again"
+    out(
+        f"task {task.id!r} step {args.step} is {what}; the task is {task.status.value}: "
+        f"'ninelives run {task.id}' resumes it"
+    )
+    return 0
+
+
+def _resolve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("task_id", metavar="TASK_ID")
+    p.add_argument("step", type=int, metavar="STEP", help="the blocked step's index")
+    how = p.add_mutually_exclusive_group(required=True)
+    how.add_argument(
+        "--done", metavar="JSON",
+        help="its effect happened: this JSON object becomes the step's output",
+    )  # fmt: skip
+    how.add_argument("--retry", action="store_true", help="it did not happen: run it again")
+
+
+def cmd_approve(args: argparse.Namespace) -> int:
+    from ..parking import approve
+
+    with open_runtime(args, create=False) as rt:
+        task = approve(rt.store, args.task_id, args.step, reject=args.reject, note=args.note)
+    if args.reject:
+        out(f"task {task.id!r} step {args.step} rejected: the task has failed")
+    else:
+        out(
+            f"task {task.id!r} step {args.step} approved; the task is {task.status.value}: "
+            f"'ninelives run {task.id}' resumes it"
+        )
+    return 0
+
+
+def _approve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("task_id", metavar="TASK_ID")
+    p.add_argument("step", type=int, metavar="STEP", help="the waiting approval step's index")
+    p.add_argument("--reject", action="store_true", help="reject: the task fails")
+    p.add_argument("--note", metavar="TEXT", help="why (a rejection's note is the task's reason)")
+
+
+#: The commands of this module, in the order ``--help`` lists them.
+COMMANDS = {
+    "resolve": Command(
+        cmd_resolve,
+        "say what happened to a blocked step (its outcome was unknown): --done JSON or --retry",
+        _resolve_args, "ninelives resolve pay-7 2 --done '{\"charged\": true}'   # or --retry",
+    ),
+    "approve": Command(
+        cmd_approve,
+        "approve (or --reject) a step waiting for a person; the task goes on (or fails)",
+        _approve_args, "ninelives approve release-3 1 --note 'checked the diff'   # or --reject",
+    ),
+    "cancel": Command(
+        cmd_cancel, "stop a task for good: a runner holding it stops before its next step",
+        _cancel_args, "ninelives cancel nightly-42 --reason 'superseded by nightly-43'",
+    ),
+    "fork": Command(
+        cmd_fork, "a new task from a task's plan, reusing its outputs before a step", _fork_args,
+        "ninelives fork demo demo-v2 --from 1   # rerun from step 1 after a fix",
+    ),
+}  # fmt: skip
