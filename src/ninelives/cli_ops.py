@@ -299,8 +299,13 @@ def cmd_approve(args: argparse.Namespace) -> int:
 
     with cli._runtime(args, create=False) as rt:
         task = approve(rt.store, args.task_id, args.step, reject=args.reject, note=args.note)
-    if args.reject:
+    if args.reject and task.status.value == "failed":
         cli._out(f"task {task.id!r} step {args.step} rejected: the task has failed")
+    elif args.reject:
+        cli._out(
+            f"task {task.id!r} step {args.step} rejected; the workflow reads the rejection and "
+            f"the task is {task.status.value}: 'ninelives run {task.id}' resumes it"
+        )
     else:
         cli._out(
             f"task {task.id!r} step {args.step} approved; the task is {task.status.value}: "

@@ -65,6 +65,44 @@ def one_at_a_time() -> Any:
     return lock
 
 
+def approval(tool: str, args: Any) -> tuple[bool, str | None]:
+    """Ask a person, as the running workflow's next step ``approve:<tool>``, whether
+    the model's call of ``tool`` with ``args`` may run: ``(approved, note)``.
+
+    The first time, the step parks the task ``waiting``
+    (:class:`~ninelives.errors.TaskWaiting`, ``run`` exits 8) until
+    ``ninelives approve TASK STEP [--reject] [--note TEXT]``; once decided, the
+    decision is read back from the journal. A rejection is an answer the agent
+    gives the model (``on_reject="answer"``), not the task's failure."""
+    from ..replay import WorkflowContext
+
+    ctx = ACTIVE.get()
+    said = WorkflowContext.approval(ctx, f"approve:{tool}", _prompt(tool, args), on_reject="answer")
+    note = said.get("note") if isinstance(said, dict) else None
+    approved = isinstance(said, dict) and said.get("approved") is True
+    return approved, note if isinstance(note, str) and note else None
+
+
+#: How much of a call's arguments the approval prompt shows.
+PROMPT_ARGS = 400
+
+
+def _prompt(tool: str, args: Any) -> str:
+    """The approval's prompt: the tool and its arguments, cut short, as text any
+    store holds (a lone surrogate or a control character is escaped)."""
+    import json
+
+    if not isinstance(args, str):
+        try:
+            args = json.dumps(args, ensure_ascii=True, sort_keys=True, default=repr)
+        except (ValueError, TypeError, RecursionError):
+            args = "(arguments not shown)"
+    if len(args) > PROMPT_ARGS:
+        args = args[:PROMPT_ARGS] + f"... ({len(args)} characters)"
+    shown = args.encode("ascii", "backslashreplace").decode("ascii")
+    return f"run tool {tool} with {shown}"
+
+
 def refuse(error: BaseException) -> NoReturn:
     """End the running workflow's run with ``error`` (a
     :class:`~ninelives.errors.WorkflowError`): kept on its context, so a

@@ -53,18 +53,24 @@ require("pydantic-ai-slim", *SUPPORTED, extra="pydantic-ai")
 
 from pydantic_ai import ModelMessagesTypeAdapter  # noqa: E402
 from pydantic_ai.capabilities import AbstractCapability  # noqa: E402
-from pydantic_ai.exceptions import ToolRetryError  # noqa: E402
+from pydantic_ai.exceptions import (  # noqa: E402
+    ApprovalRequired,
+    CallDeferred,
+    ToolRetryError,
+)
 from pydantic_ai.messages import ModelRequest, ModelResponse  # noqa: E402
 from pydantic_ai.tool_manager import ToolManager  # noqa: E402
+from pydantic_ai.tools import DeferredToolResults, ToolDenied  # noqa: E402
 from pydantic_core import to_jsonable_python  # noqa: E402
 
 from ..errors import WorkflowError  # noqa: E402
-from ._steps import durable, in_workflow, refuse  # noqa: E402
+from ._steps import approval, durable, in_workflow, refuse  # noqa: E402
 
 __all__ = ["SUPPORTED", "NinelivesDurability"]
 
 _RETRY = "retry"
 _RETURN = "return"
+_DEFERRED = "deferred"
 
 
 @dataclass
@@ -134,6 +140,8 @@ class NinelivesDurability(AbstractCapability[Any]):
                 result = await handler(args)
             except ToolRetryError as exc:  # a ModelRetry, as the agent turned it into a part
                 return {"call_id": call_id, _RETRY: encode_part(exc.tool_retry)}
+            except (ApprovalRequired, CallDeferred) as exc:  # the tool's answer: not yet
+                return {"call_id": call_id, _DEFERRED: encode_deferral(exc)}
             return {"call_id": call_id, _RETURN: to_jsonable_python(result)}
 
         name = f"tool:{call.tool_name}"
@@ -142,12 +150,47 @@ class NinelivesDurability(AbstractCapability[Any]):
         stored = await durable(name, execute, policy, call.tool_call_id, given)
         return answer(name, call.tool_call_id, stored)
 
+    async def handle_deferred_tool_calls(self, ctx: Any, *, requests: Any) -> Any:
+        """Inside a workflow, each call waiting for approval (``requires_approval=True``,
+        or ``ApprovalRequired`` raised by the tool) parks the task on a ninelives
+        approval step ``approve:<tool>``, one call at a time in the response's
+        order; approved, the call runs as its tool step; rejected, the model reads
+        ``ToolDenied`` with the person's note. Calls deferred for external
+        execution are left to the caller, as without the capability."""
+        if not in_workflow() or not requests.approvals:
+            return None
+        results = DeferredToolResults()
+        for call in requests.approvals:
+            approved, note = approval(call.tool_name, call.args)
+            results.approvals[call.tool_call_id] = (
+                True if approved else ToolDenied(note) if note else ToolDenied()
+            )
+        return results
+
+
+def encode_deferral(exc: ApprovalRequired | CallDeferred) -> dict[str, Any]:
+    """A deferral a tool raised, as JSON."""
+    kind = "approval" if isinstance(exc, ApprovalRequired) else exc.kind
+    return {"kind": kind, "metadata": to_jsonable_python(exc.metadata, fallback=repr)}
+
+
+def decode_deferral(stored: Any) -> ApprovalRequired | CallDeferred:
+    """The deferral :func:`encode_deferral` stored, to raise again."""
+    kind = stored.get("kind") if isinstance(stored, dict) else None
+    metadata = stored.get("metadata") if isinstance(stored, dict) else None
+    metadata = metadata if isinstance(metadata, dict) else None
+    if kind == "approval":
+        return ApprovalRequired(metadata)
+    if kind in ("external", "question"):
+        return CallDeferred(metadata, kind=kind)
+    refuse(WorkflowError(f"a stored tool deferral cannot be read back: kind {kind!r}"))
+
 
 def answer(name: str, call_id: str, stored: Any) -> Any:
     """What a tool step stored for ``call_id``: its result, or its retry prompt
     raised again; :class:`~ninelives.errors.WorkflowError`
     when it belongs to another call (exit 12, nothing written)."""
-    if not isinstance(stored, dict) or not ({_RETRY, _RETURN} & set(stored)):
+    if not isinstance(stored, dict) or not ({_RETRY, _RETURN, _DEFERRED} & set(stored)):
         refuse(
             WorkflowError(f"{name}: the stored result is not a tool result; nothing was written")
         )
@@ -161,6 +204,8 @@ def answer(name: str, call_id: str, stored: Any) -> Any:
         )
     if _RETRY in stored:
         raise ToolRetryError(decode_part(stored[_RETRY]))
+    if _DEFERRED in stored:
+        raise decode_deferral(stored[_DEFERRED])
     return stored[_RETURN]
 
 
