@@ -14,6 +14,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NoReturn
 
 from ..durable import ACTIVE, CURRENT
+from ..models import MAX_DEPTH
+
+#: Tool-call arguments nesting deeper than this are that call's error, as in
+#: the plan's agent (``ninelives.agent.MAX_ARGUMENT_DEPTH``).
+ARGUMENT_DEPTH = MAX_DEPTH - 3
 
 
 def in_workflow() -> bool:
@@ -101,6 +106,49 @@ def _prompt(tool: str, args: Any) -> str:
         args = args[:PROMPT_ARGS] + f"... ({len(args)} characters)"
     shown = args.encode("ascii", "backslashreplace").decode("ascii")
     return f"run tool {tool} with {shown}"
+
+
+def too_deep(text: str) -> str:
+    """What a model reply stores instead of call arguments (JSON ``text``) that
+    nest past :data:`ARGUMENT_DEPTH`: a note that is not JSON, so the framework's
+    own bad-arguments path makes it the call's error, read by the model; never a
+    reply the journal cannot hold or the framework cannot parse on replay."""
+    return (
+        f"(arguments of {len(text)} characters that nest more than {ARGUMENT_DEPTH} "
+        "levels deep: not run)"
+    )
+
+
+def scrub(value: Any) -> Any:
+    """``value`` (JSON-able) with each lone surrogate of its strings replaced by
+    U+FFFD: a model may send one (``"\\ud800"``), and neither the journal nor
+    the frameworks' own bookkeeping can encode it as UTF-8."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        return value
+    if isinstance(value, list):
+        return [scrub(v) for v in value]
+    if isinstance(value, dict):
+        return {scrub(k): scrub(v) for k, v in value.items()}
+    return value
+
+
+def scrub_json(text: str) -> str:
+    """JSON ``text`` (a call's arguments) with its escaped lone surrogates
+    (``\\ud800``) replaced as :func:`scrub` does; as given when it has none or
+    does not parse (then it is the call's error anyway)."""
+    import json
+    import re
+
+    if not re.search(r"\\u[dD][89a-fA-F]", text):
+        return text
+    try:
+        return json.dumps(scrub(json.loads(text)), ensure_ascii=False)
+    except (ValueError, RecursionError):
+        return text
 
 
 def refuse(error: BaseException) -> NoReturn:

@@ -57,7 +57,17 @@ from pydantic import TypeAdapter, ValidationError  # noqa: E402
 from pydantic_core import to_jsonable_python  # noqa: E402
 
 from ..errors import WorkflowError  # noqa: E402
-from ._steps import approval, in_workflow, one_at_a_time, refuse  # noqa: E402
+from ..models import nested_deeper  # noqa: E402
+from ._steps import (  # noqa: E402
+    ARGUMENT_DEPTH,
+    approval,
+    in_workflow,
+    one_at_a_time,
+    refuse,
+    scrub,
+    scrub_json,
+    too_deep,
+)
 from ._steps import durable as durable_step  # noqa: E402
 
 __all__ = ["SUPPORTED", "DurableModel", "durable", "durable_tool"]
@@ -214,10 +224,20 @@ def _step_name(name: str) -> str:
 
 def encode_response(response: ModelResponse) -> dict[str, Any]:
     """A model response as a step stores it: the SDK's own types as JSON, plus the
-    token counts ``ninelives status`` sums."""
+    token counts ``ninelives status`` sums. Lone surrogates become U+FFFD, and
+    call arguments nesting past :data:`~._steps.ARGUMENT_DEPTH` levels a note
+    that is not JSON (that call's error), so a replay reads the same reply back
+    and neither the journal nor the SDK chokes on it."""
     usage = response.usage
+    stored = scrub(_RESPONSE.dump_python(response, mode="json"))
+    for item in stored.get("output") or ():
+        arguments = item.get("arguments") if isinstance(item, dict) else None
+        if isinstance(arguments, str) and nested_deeper(arguments, ARGUMENT_DEPTH):
+            item["arguments"] = too_deep(arguments)
+        elif isinstance(arguments, str):
+            item["arguments"] = scrub_json(arguments)
     return {
-        "response": _RESPONSE.dump_python(response, mode="json"),
+        "response": stored,
         "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens},
     }
 

@@ -41,6 +41,7 @@ with another version installed raises
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -63,8 +64,18 @@ from pydantic_ai.tool_manager import ToolManager  # noqa: E402
 from pydantic_ai.tools import DeferredToolResults, ToolDenied  # noqa: E402
 from pydantic_core import to_jsonable_python  # noqa: E402
 
-from ..errors import WorkflowError  # noqa: E402
-from ._steps import approval, durable, in_workflow, refuse  # noqa: E402
+from ..errors import NineLivesError, PermanentError, WorkflowError  # noqa: E402
+from ..models import MAX_DEPTH, nested_deeper  # noqa: E402
+from ._steps import (  # noqa: E402
+    ARGUMENT_DEPTH,
+    approval,
+    durable,
+    in_workflow,
+    refuse,
+    scrub,
+    scrub_json,
+    too_deep,
+)
 
 __all__ = ["SUPPORTED", "NinelivesDurability"]
 
@@ -116,8 +127,25 @@ class NinelivesDurability(AbstractCapability[Any]):
         if not in_workflow():
             return await handler(request_context)
 
+        asked: list[str] = []
+
         async def ask() -> dict[str, Any]:
-            return encode_response(await handler(request_context))
+            # Pydantic AI lets a request's handler run once: a second attempt in
+            # this process could only fail with its UserError, so the step fails
+            # at once, saying why; a later run ('ninelives retry') asks again.
+            if asked:
+                raise PermanentError(f"the model's reply could not be stored: {asked[0]}")
+            asked.append("see the step's error before")
+            try:
+                response = await handler(request_context)
+            except NineLivesError:
+                raise
+            except Exception as exc:
+                raise PermanentError(
+                    f"the model request failed: {type(exc).__name__}: {exc} (Pydantic AI makes "
+                    "it once per run; 'ninelives retry' asks again)"
+                ) from exc
+            return encode_response(response)
 
         stored = await durable(f"model:{self._prefix}", ask)
         return decode_response(stored)
@@ -231,14 +259,39 @@ def decode_part(stored: Any) -> Any:
 
 def encode_response(response: ModelResponse) -> dict[str, Any]:
     """A model response as a step stores it: Pydantic AI's own JSON form, plus the
-    token counts ``ninelives status`` sums."""
+    token counts ``ninelives status`` sums. Lone surrogates become U+FFFD and
+    call arguments are fitted (:func:`fit_arguments`), so a replay reads the same
+    reply back and the journal can hold it."""
     (message,) = ModelMessagesTypeAdapter.dump_python([response], mode="json")
+    message = scrub(message)
+    for part in message.get("parts") or ():
+        if isinstance(part, dict) and part.get("part_kind") == "tool-call":
+            part["args"] = fit_arguments(part.get("args"))
     usage = response.usage
     return {
         "response": message,
         "model": response.model_name or "",
         "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens},
     }
+
+
+def fit_arguments(args: Any) -> Any:
+    """A tool call's arguments as a step can store them: as given while they nest
+    little; as their JSON text (which Pydantic AI parses alike) when the reply
+    around them would nest past what the journal holds; a note that is not JSON
+    (the call's error) past :data:`~._steps.ARGUMENT_DEPTH` levels."""
+    if not isinstance(args, (dict, list)):
+        text = args if isinstance(args, str) else ""
+        return too_deep(text) if nested_deeper(text, ARGUMENT_DEPTH) else scrub_json(text) or args
+    text = json.dumps(args, ensure_ascii=False)
+    if nested_deeper(text, ARGUMENT_DEPTH):
+        return too_deep(text)
+    return text if nested_deeper(text, _DICT_DEPTH) else args
+
+
+#: Levels a reply's stored JSON adds around a call's arguments (``value``,
+#: ``response``, ``parts``, the part), and one to spare.
+_DICT_DEPTH = MAX_DEPTH - 5
 
 
 def decode_response(stored: Any) -> ModelResponse:
