@@ -14,11 +14,19 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from agent_kills import HERE, create, ran, run, setup
+from pydantic_ai import Agent, ApprovalRequired, RunContext
+from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import FunctionModel
 
+import ninelives
+from ninelives.integrations.pydantic_ai import NinelivesDurability
+from ninelives.parking import approve
 from ninelives.testing import Lab
+from ninelives.verify import verify_store
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow]
 
@@ -120,3 +128,65 @@ def test_outside_a_workflow_the_framework_defers_as_before(
         result = Runner.run_sync(agent, "q", run_config=notes.run_config())
         assert [i.tool_name for i in result.interruptions] == ["post_note"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["calls.log", "input"]
+
+
+RAISED: list[str] = []
+
+
+def build_asking_agent() -> Any:
+    """A Pydantic AI agent whose tool asks for approval itself (``ApprovalRequired``)."""
+
+    def script(messages: list[Any], info: Any) -> ModelResponse:
+        RAISED.append("model")
+        if not any(m.kind == "response" for m in messages):
+            return ModelResponse(parts=[ToolCallPart("wire", {"amount": 900}, tool_call_id="w1")])
+        returns = [p.content for m in messages for p in m.parts if p.part_kind == "tool-return"]
+        return ModelResponse(parts=[TextPart(f"done: {returns}")])
+
+    agent = Agent(FunctionModel(script), name="bank", capabilities=[NinelivesDurability()])
+
+    @agent.tool
+    def wire(ctx: RunContext[None], amount: int) -> str:
+        """Wire money; large amounts need a person's approval."""
+        if amount > 500 and not ctx.tool_call_approved:
+            RAISED.append("asked")
+            raise ApprovalRequired(metadata={"amount": amount})
+        RAISED.append("wired")
+        return f"wired {amount}"
+
+    return agent
+
+
+@ninelives.workflow("asking_bank")
+async def asking_bank(ctx: Any, question: str) -> str:
+    return str((await build_asking_agent().run(question)).output)
+
+
+def test_a_tool_that_raises_approval_required_parks_and_runs_once_approved(
+    tmp_path: Path,
+) -> None:
+    from replies import in_thread
+
+    db = str(tmp_path / "state.db")
+
+    def run_it() -> None:
+        with ninelives.open(db) as rt:
+            rt.run("t")
+
+    RAISED.clear()
+    with ninelives.open(db) as rt:
+        rt.create("t", asking_bank, "q")
+    with pytest.raises(ninelives.TaskWaiting, match="run tool wire with"):
+        in_thread(run_it)
+    with ninelives.open(db) as rt:
+        steps = rt.status("t").steps
+        assert [s.tool for s in steps] == ["model:bank", "tool:wire", "approve:wire"]
+        approve(rt.store, "t", 2, note="ok")
+    in_thread(run_it)
+    with ninelives.open(db) as rt:
+        assert rt.result("t") == "done: ['wired 900']"
+        tools = [s.tool for s in rt.status("t").steps]
+        assert tools == ["model:bank", "tool:wire", "approve:wire", "tool:wire", "model:bank"]
+        assert verify_store(rt.store).ok
+    # The deferral is the first tool step's committed result: not raised again by the tool.
+    assert RAISED == ["model", "asked", "wired", "model"]
