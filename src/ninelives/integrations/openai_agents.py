@@ -33,6 +33,21 @@ is that call's committed result, as the model read it; a tool made with
 step policy given for it in ``tools=``. Streamed runs (``Runner.run_streamed``)
 are not durable: inside a workflow they are refused.
 
+Approval: a function tool with ``needs_approval`` (a bool or the SDK's
+callable) does not interrupt the run inside a workflow (no
+``RunResult.interruptions``, no ``RunState.approve``): the call parks the task on
+a ninelives approval step ``approve:<tool name>`` before its tool step (``run``
+exits 8); ``ninelives approve TASK STEP`` lets the run go on and the tool runs
+as its step; ``--reject --note TEXT`` makes TEXT (or the SDK's own rejection
+message) the call's output, which the model reads, and the run goes on.
+Outside a workflow the SDK's own interruptions are unchanged.
+
+Replies: a model response is stored with lone surrogates replaced by U+FFFD
+(also escaped ones in call arguments) and call arguments nesting past 29 levels
+replaced by a note that is not JSON (the call's error, as in the plan's agent),
+so a replay reads back what the SDK can parse. A call of a tool the agent lacks
+ends the run with the SDK's own error (exit 12), as it ends the SDK's runs.
+
 Tested with ``openai-agents`` in :data:`SUPPORTED`; importing this module with
 another version raises :class:`~ninelives.integrations.FrameworkVersionError`.
 """

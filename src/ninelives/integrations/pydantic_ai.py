@@ -26,6 +26,23 @@ prompt, as Pydantic AI made it) and raised again on replay, so the model reads
 the same prompt; any other exception is a ``step_error``, retried by the step
 policy (``tools=``), and fails the task once its attempts are used up.
 
+Approval: a tool declared ``requires_approval=True``, or one that raises
+``ApprovalRequired`` (journaled as its step's result, raised again on replay),
+does not end the run with ``DeferredToolRequests``: through the capability's
+``handle_deferred_tool_calls`` each such call parks the task on a ninelives
+approval step ``approve:<tool name>`` (``ctx.approval(..., on_reject="answer")``,
+one call at a time in the response's order; ``run`` exits 8).
+``ninelives approve TASK STEP`` lets the run go on and the call runs as its
+tool step; ``--reject --note TEXT`` hands the model ``ToolDenied(TEXT)`` and
+the run goes on. Calls deferred for external execution (``CallDeferred``) are
+left to the caller, as without the capability.
+
+Replies: a model response is stored with lone surrogates replaced by U+FFFD
+and a tool call's arguments nesting past 29 levels replaced by a note that is
+not JSON (the call's error, which the model reads, as in the plan's agent); a
+model request that fails fails its step at once (Pydantic AI makes a request
+once per run; ``ninelives retry`` asks again).
+
 Outside a workflow, and inside a step of one (an agent run nested in another
 agent's tool is part of that tool's step), the capability does nothing: the
 agent runs as a plain agent and touches no database.
