@@ -155,7 +155,11 @@ def in_thread(fn: Any) -> Any:
             found.append(("ok", fn()))
         except BaseException as exc:  # handed to the caller
             found.append(("raised", exc))
-        finally:
+        finally:  # a run_sync leaves the thread's default loop open: close it
+            try:
+                asyncio.get_event_loop_policy().get_event_loop().close()
+            except RuntimeError:  # no loop was set in this thread
+                pass
             asyncio.set_event_loop(None)
 
     thread = threading.Thread(target=target)

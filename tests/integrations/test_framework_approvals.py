@@ -114,18 +114,22 @@ def test_outside_a_workflow_the_framework_defers_as_before(
     monkeypatch.setenv("NOTES_LOG", str(tmp_path / "calls.log"))
     (tmp_path / "input").mkdir()
     (tmp_path / "input" / "a.txt").write_text("buy milk\n", encoding="utf-8")
+    from replies import in_thread
+
     notes = importlib.import_module(module)
     agent = notes.build()
+    # Each run_sync in a thread of its own: the two frameworks share a thread's
+    # default event loop badly (the SDK's shuts down what Pydantic AI's reuses).
     if module == "pai_notes":
         from pydantic_ai.tools import DeferredToolRequests
 
-        got = agent.run_sync("q", output_type=[str, DeferredToolRequests]).output
-        assert isinstance(got, DeferredToolRequests)
-        assert [c.tool_name for c in got.approvals] == ["post_note"]
+        run = in_thread(lambda: agent.run_sync("q", output_type=[str, DeferredToolRequests]))
+        assert isinstance(run.output, DeferredToolRequests)
+        assert [c.tool_name for c in run.output.approvals] == ["post_note"]
     else:
         from agents import Runner
 
-        result = Runner.run_sync(agent, "q", run_config=notes.run_config())
+        result = in_thread(lambda: Runner.run_sync(agent, "q", run_config=notes.run_config()))
         assert [i.tool_name for i in result.interruptions] == ["post_note"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["calls.log", "input"]
 
