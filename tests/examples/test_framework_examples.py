@@ -44,6 +44,7 @@ def test_the_example_survives_a_kill_right_after_the_post(sqlite_lab: Lab, examp
     assert sqlite_lab.cli("verify", "notes-1").returncode == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example", ["pydantic-ai-agent", "openai-agents-agent"])
 def test_the_example_waits_for_a_person_to_approve_the_post(sqlite_lab: Lab, example: str) -> None:
     """The README's approval section: approved, the post is made; rejected, the
