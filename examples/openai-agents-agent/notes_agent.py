@@ -43,7 +43,8 @@ class Scripted(Model):
                 type="function_call", call_id=name, name=name, arguments=arguments
             )
             return ModelResponse(output=[call], usage=usage, response_id=None)
-        text = ResponseOutputText(type="output_text", text="Posted the summary.", annotations=[])
+        said = "Posted the summary." if "posted" in str(outputs[1]) else f"Not posted: {outputs[1]}"
+        text = ResponseOutputText(type="output_text", text=said, annotations=[])
         message = ResponseOutputMessage(
             type="message", id="answer", role="assistant", status="completed", content=[text]
         )
@@ -71,7 +72,8 @@ def read_notes() -> str:
     return Path("input/notes.txt").read_text(encoding="utf-8")
 
 
-@function_tool
+# NOTES_APPROVE=1: a person approves each post (`ninelives approve TASK STEP`).
+@function_tool(needs_approval=os.environ.get("NOTES_APPROVE") == "1")
 def post_summary(text: str) -> dict[str, str]:
     """Post a one-line summary (once per step, by its idempotency key)."""
     step = ninelives.current_step()

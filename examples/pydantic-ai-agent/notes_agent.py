@@ -30,6 +30,8 @@ def scripted(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     if len(returns) == 1:
         summary = str(returns[0]).splitlines()[0]
         return ModelResponse(parts=[ToolCallPart("post_summary", {"text": summary}, "post")])
+    if not isinstance(returns[1], dict):  # a person said no: the note is what comes back
+        return ModelResponse(parts=[TextPart(f"Not posted: {returns[1]}")])
     return ModelResponse(parts=[TextPart(f"Posted the summary as {returns[1]['posted']}.")])
 
 
@@ -59,7 +61,8 @@ def read_notes() -> str:
     return Path("input/notes.txt").read_text(encoding="utf-8")
 
 
-@agent.tool_plain
+# NOTES_APPROVE=1: a person approves each post (`ninelives approve TASK STEP`).
+@agent.tool_plain(requires_approval=os.environ.get("NOTES_APPROVE") == "1")
 def post_summary(text: str) -> dict[str, str]:
     """Post a one-line summary (once per step, by its idempotency key)."""
     step = ninelives.current_step()

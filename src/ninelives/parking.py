@@ -45,6 +45,9 @@ if TYPE_CHECKING:
     from .tools import Registry, Tool
 
 PARKED = (TaskStatus.BLOCKED, TaskStatus.WAITING)
+#: A workflow approval's input key, and its value, for a rejection the code reads.
+ON_REJECT = "on_reject"
+ANSWER = "answer"
 
 
 def mode_of(step: Step, tool: Tool) -> str:
@@ -200,7 +203,10 @@ def approve(
 
     Approved: the step is ``done`` with ``{"approved": true, "note": ...}``
     (``step_approved``) and the task ``pending``. Rejected: the step and the task
-    fail (``step_rejected``, ``task_failed`` with the note as its reason).
+    fail (``step_rejected``, ``task_failed`` with the note as its reason), unless
+    the step is a workflow's ``ctx.approval(..., on_reject="answer")``: then the
+    step is ``done`` with ``{"approved": false, "note": ...}`` (``step_rejected``
+    with ``outcome: answer``) and the task ``pending``, for the code to read.
     """
     from .runtime import new_run_id
 
@@ -210,7 +216,12 @@ def approve(
         except ValueError as exc:
             raise InputError(str(exc)) from None
     said: dict[str, Any] = {} if note is None else {"note": note}
-    if reject:
+    if reject and answers_rejection(store.get_task(task_id), idx):
+        decision = Decision(
+            expect=StepStatus.WAITING, status=StepStatus.DONE, kind=EventKind.STEP_REJECTED,
+            data={**said, "outcome": ANSWER}, output=encode_output({"approved": False, **said}),
+        )  # fmt: skip
+    elif reject:
         decision = Decision(
             expect=StepStatus.WAITING, status=StepStatus.FAILED, kind=EventKind.STEP_REJECTED,
             data=said, reason=note or f"step {idx} was rejected (no note)",
@@ -221,6 +232,14 @@ def approve(
             data=said, output=encode_output({"approved": True, **said}),
         )  # fmt: skip
     return store.decide_step(task_id, new_run_id(), idx, decision)
+
+
+def answers_rejection(task: Task, idx: int) -> bool:
+    """True when step ``idx`` is a workflow's approval whose rejection is an answer
+    the code reads (``on_reject="answer"``), not the task's failure. A plan's
+    ``approval`` step never is: no code after it reads a rejection."""
+    step = next((s for s in task.steps if s.idx == idx), None)
+    return step is not None and step.tool != APPROVAL_TOOL and step.input.get(ON_REJECT) == ANSWER
 
 
 def _check_approval(step_input: Mapping[str, Any]) -> None:

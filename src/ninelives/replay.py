@@ -117,14 +117,20 @@ class WorkflowContext(ChatCalls):
                 self.dead = exc
             raise
 
-    def approval(self, name: str, prompt: str = "") -> Any:
+    def approval(self, name: str, prompt: str = "", *, on_reject: str = "fail") -> Any:
         """A durable approval step: the task waits (``run`` exits 8) until
-        ``ninelives approve TASK STEP``; approved, ``{"approved": true, "note": ...}``;
-        rejected, the task fails as a plan's approval does."""
+        ``ninelives approve TASK STEP``; approved, ``{"approved": true, "note": ...}``.
+        Rejected (``--reject``): with ``on_reject="fail"`` the task fails as a plan's
+        approval does; with ``on_reject="answer"`` the task goes on and this call
+        returns ``{"approved": false, "note": ...}`` for the code to act on."""
         with self.guard():
             if not isinstance(prompt, str):
                 raise PlanError("ctx.approval's prompt must be a string")
-            given = {"prompt": prompt}
+            if on_reject not in ("fail", "answer"):
+                raise PlanError("ctx.approval's on_reject must be 'fail' or 'answer'")
+            given: dict[str, Any] = {"prompt": prompt}
+            if on_reject == "answer":
+                given["on_reject"] = on_reject
             step, attempt = self._enter(name, None, (), {}, given=given, delay=0.0, start=False)
             if attempt is None:
                 return step.output

@@ -37,9 +37,9 @@ class AsyncWorkflowContext(AsyncChatCalls, WorkflowContext):
             call = _caller(fn, args, kwargs)
             return await self._attempts_async(step, attempt, call, _policy_of(fn))
 
-    async def approval(self, name: str, prompt: str = "") -> Any:
+    async def approval(self, name: str, prompt: str = "", *, on_reject: str = "fail") -> Any:
         """See :meth:`WorkflowContext.approval`."""
-        return WorkflowContext.approval(self, name, prompt)
+        return WorkflowContext.approval(self, name, prompt, on_reject=on_reject)
 
     async def sleep(self, seconds: float) -> None:  # type: ignore[override]
         """See :meth:`WorkflowContext.sleep` (the wait blocks this workflow's loop)."""

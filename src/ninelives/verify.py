@@ -49,6 +49,7 @@ _DONE_KINDS = frozenset(
         EventKind.STEP_RECONCILED.value,
         EventKind.STEP_APPROVED.value,
         EventKind.STEP_RESOLVED.value,
+        EventKind.STEP_REJECTED.value,  # only with outcome "answer" (see status_after)
     }
 )
 
@@ -68,6 +69,8 @@ def status_after(event: Event) -> StepStatus:
     """The step status that a step-level event (a kind in :data:`STEP_STATUS_AFTER`) leaves."""
     if event.kind == EventKind.STEP_RESOLVED.value and event.data.get("outcome") == "retry":
         return StepStatus.PENDING
+    if event.kind == EventKind.STEP_REJECTED.value and event.data.get("outcome") == "answer":
+        return StepStatus.DONE  # a workflow's approval whose code reads the rejection
     return STEP_STATUS_AFTER[event.kind]
 
 
@@ -299,7 +302,8 @@ def _parking_violations(task: Task, events: Sequence[Event]) -> list[Violation]:
     """Unknown outcomes and approvals: a step is reconciled only right after its
     recovery for a probe, in the same run; a person decides only a step parked
     for that (``step_resolved`` after ``step_blocked``, ``step_approved`` or
-    ``step_rejected`` after ``step_waiting``); a rejection fails the task at once;
+    ``step_rejected`` after ``step_waiting``); a rejection fails the task at once
+    (unless a workflow's code reads it: ``outcome: answer``);
     a block says why."""
     found = []
 
@@ -324,7 +328,7 @@ def _parking_violations(task: Task, events: Sequence[Event]) -> list[Violation]:
         if wanted is not None and (prior is None or prior.kind != wanted):
             add("decided", f"{event.kind} of step {idx} does not follow its {wanted}",
                 [event.seq, *([prior.seq] if prior else [])])  # fmt: skip
-        if event.kind == EventKind.STEP_REJECTED.value:
+        if event.kind == EventKind.STEP_REJECTED.value and status_after(event) is StepStatus.FAILED:
             following = events[i + 1] if i + 1 < len(events) else None
             if following is None or following.kind != EventKind.TASK_FAILED.value:
                 add("rejected", f"step {idx} was rejected but the task did not fail with it",

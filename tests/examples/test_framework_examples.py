@@ -42,3 +42,31 @@ def test_the_example_survives_a_kill_right_after_the_post(sqlite_lab: Lab, examp
         "model:notes", "tool:read_notes", "model:notes", "tool:post_summary", "model:notes"
     ]  # fmt: skip
     assert sqlite_lab.cli("verify", "notes-1").returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", ["pydantic-ai-agent", "openai-agents-agent"])
+def test_the_example_waits_for_a_person_to_approve_the_post(sqlite_lab: Lab, example: str) -> None:
+    """The README's approval section: approved, the post is made; rejected, the
+    model reads the note and the task is done without posting."""
+    lab = sqlite_lab
+    shutil.copytree(EXAMPLES / example, lab.root, dirs_exist_ok=True)
+    lab.base_env.update(NINELIVES_TOOLS="notes_agent", NOTES_APPROVE="1")
+    for task in ("notes-3", "notes-4"):
+        assert lab.cli("create", task, "--workflow", "notes", "--args", ARGS).returncode == 0
+        waiting = lab.cli("run", task)
+        assert waiting.returncode == 8, waiting.stderr
+        assert f"ninelives approve {task} 3" in waiting.stderr
+        steps = json.loads(lab.cli("status", task, "--json").stdout)["steps"]
+        assert (steps[3]["tool"], steps[3]["status"]) == ("approve:post_summary", "waiting")
+    assert lab.cli("approve", "notes-3", "3", "--note", "looks right").returncode == 0
+    assert lab.cli("approve", "notes-4", "3", "--reject", "--note", "not today").returncode == 0
+    for task in ("notes-3", "notes-4"):
+        done = lab.cli("run", task)
+        assert done.returncode == 0, done.stderr
+        assert lab.cli("verify", task).returncode == 0
+    posted = sorted(p.name for p in (lab.root / "posted").iterdir())
+    assert posted == ["notes-3-4.md"]
+    rejected = json.loads(lab.cli("status", "notes-4", "--json").stdout)
+    assert rejected["status"] == "done"
+    assert rejected["result"] == "Not posted: not today"

@@ -4,7 +4,8 @@ Its scripted model asks for ``read_note`` and ``post_note`` in one response,
 then answers with what they returned. Every model call and every tool
 execution appends a line to ``$NOTES_LOG``; ``post_note`` publishes
 ``notes/<idem_key>.txt`` once. ``NOTES_DURABLE=0`` leaves the agent unwrapped
-(the negative control). The SDK loads only when a workflow runs.
+(the negative control); ``NOTES_APPROVE=1`` makes ``post_note``
+``needs_approval=True``. The SDK loads only when a workflow runs.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def build() -> Any:
         log("tool:read_note")
         return Path("input", name).read_text(encoding="utf-8")
 
-    @function_tool
+    @function_tool(needs_approval=os.environ.get("NOTES_APPROVE") == "1")
     def post_note(text: str) -> dict[str, Any]:
         """Post a note, once per step."""
         step = ninelives.current_step()

@@ -4,7 +4,8 @@ Its scripted model (``FunctionModel``) asks for ``read_note`` and ``post_note``
 in one response, then answers with what they returned. Every model call and
 every tool execution appends a line to ``$NOTES_LOG``, so a test counts what
 ran; ``post_note`` publishes ``notes/<idem_key>.txt`` once. ``NOTES_DURABLE=0``
-builds the agent without the capability (the negative control). The
+builds the agent without the capability (the negative control);
+``NOTES_APPROVE=1`` declares ``post_note`` ``requires_approval=True``. The
 frameworks load only when a workflow runs: ``create`` stays cheap.
 """
 
@@ -56,7 +57,7 @@ def build() -> Any:
         log("tool:read_note")
         return Path("input", name).read_text(encoding="utf-8")
 
-    @agent.tool_plain
+    @agent.tool_plain(requires_approval=os.environ.get("NOTES_APPROVE") == "1")
     def post_note(text: str) -> dict[str, Any]:
         """Post a note, once per step."""
         step = ninelives.current_step()

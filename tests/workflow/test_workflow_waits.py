@@ -62,6 +62,38 @@ def test_a_rejected_approval_fails_the_task(flow_lab: Lab) -> None:
     assert not (lab.root / "outcome").exists()
 
 
+def test_an_approval_that_answers_a_rejection_lets_the_code_read_it(flow_lab: Lab) -> None:
+    lab = flow_lab
+    assert lab.cli("create", "a", "--workflow", "asking", "--args", '["T"]').returncode == 0
+    assert lab.cli("run", "a").returncode == 8
+    said = lab.cli("approve", "a", "0", "--reject", "--note", "not now")
+    assert said.returncode == 0, said.stderr
+    assert "the workflow reads the rejection" in said.stdout
+    assert lab.cli("approve", "a", "0").returncode == 4  # decided already: refused
+    done = lab.cli("run", "a")
+    assert done.returncode == 0, done.stderr
+    result = lab.cli("status", "a", "--json").json()["result"]
+    assert result == {"decision": {"approved": False, "note": "not now"}, "note": None}
+    assert "step_rejected" in _kinds(lab, "a")
+    verified = lab.cli("verify", "a")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_a_plan_approval_rejected_fails_even_if_its_input_asks_for_an_answer(
+    flow_lab: Lab,
+) -> None:
+    """Only a workflow's code can read a rejection: a plan has none after its step."""
+    lab = flow_lab
+    lab.write_plan({"goal": "g", "steps": [
+        {"tool": "approval", "input": {"prompt": "ship?", "on_reject": "answer"}},
+    ]})  # fmt: skip
+    assert lab.cli("create", "p", "plan.json").returncode == 0
+    assert lab.cli("run", "p").returncode == 8
+    assert lab.cli("approve", "p", "0", "--reject").returncode == 0
+    assert lab.cli("status", "p", "--json").json()["status"] == "failed"
+    assert lab.cli("verify", "p").returncode == 0
+
+
 def test_a_kill_during_a_sleep_does_not_shorten_it_and_values_are_replayed(
     flow_lab: Lab,
 ) -> None:

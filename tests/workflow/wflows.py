@@ -112,6 +112,14 @@ def gated(ctx: Any, ticket: str) -> dict[str, Any]:
     return {"decision": decision, "note": note["posted"]}
 
 
+@ninelives.workflow("asking")
+def asking(ctx: Any, ticket: str) -> dict[str, Any]:
+    decision = ctx.approval("review", f"post a note for {ticket}?", on_reject="answer")
+    if not decision["approved"]:
+        return {"decision": decision, "note": None}
+    return {"decision": decision, "note": post_note("approved: " + ticket)["posted"]}
+
+
 @ninelives.workflow("napping")
 def napping(ctx: Any, seconds: float) -> dict[str, Any]:
     start = ctx.now()

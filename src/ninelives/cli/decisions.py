@@ -85,8 +85,13 @@ def cmd_approve(args: argparse.Namespace) -> int:
 
     with open_runtime(args, create=False) as rt:
         task = approve(rt.store, args.task_id, args.step, reject=args.reject, note=args.note)
-    if args.reject:
+    if args.reject and task.status.value == "failed":
         out(f"task {task.id!r} step {args.step} rejected: the task has failed")
+    elif args.reject:
+        out(
+            f"task {task.id!r} step {args.step} rejected; the workflow reads the rejection and "
+            f"the task is {task.status.value}: 'ninelives run {task.id}' resumes it"
+        )
     else:
         out(
             f"task {task.id!r} step {args.step} approved; the task is {task.status.value}: "

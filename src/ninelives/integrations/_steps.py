@@ -14,6 +14,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NoReturn
 
 from ..durable import ACTIVE, CURRENT
+from ..models import MAX_DEPTH
+
+#: Tool-call arguments nesting deeper than this are that call's error, as in
+#: the plan's agent (``ninelives.agent.MAX_ARGUMENT_DEPTH``).
+ARGUMENT_DEPTH = MAX_DEPTH - 3
 
 
 def in_workflow() -> bool:
@@ -63,6 +68,87 @@ def one_at_a_time() -> Any:
     if lock is None:
         lock = _LOCKS[ctx] = asyncio.Lock()
     return lock
+
+
+def approval(tool: str, args: Any) -> tuple[bool, str | None]:
+    """Ask a person, as the running workflow's next step ``approve:<tool>``, whether
+    the model's call of ``tool`` with ``args`` may run: ``(approved, note)``.
+
+    The first time, the step parks the task ``waiting``
+    (:class:`~ninelives.errors.TaskWaiting`, ``run`` exits 8) until
+    ``ninelives approve TASK STEP [--reject] [--note TEXT]``; once decided, the
+    decision is read back from the journal. A rejection is an answer the agent
+    gives the model (``on_reject="answer"``), not the task's failure."""
+    from ..replay import WorkflowContext
+
+    ctx = ACTIVE.get()
+    said = WorkflowContext.approval(ctx, f"approve:{tool}", _prompt(tool, args), on_reject="answer")
+    note = said.get("note") if isinstance(said, dict) else None
+    approved = isinstance(said, dict) and said.get("approved") is True
+    return approved, note if isinstance(note, str) and note else None
+
+
+#: How much of a call's arguments the approval prompt shows.
+PROMPT_ARGS = 400
+
+
+def _prompt(tool: str, args: Any) -> str:
+    """The approval's prompt: the tool and its arguments, cut short, as text any
+    store holds (a lone surrogate or a control character is escaped)."""
+    import json
+
+    if not isinstance(args, str):
+        try:
+            args = json.dumps(args, ensure_ascii=True, sort_keys=True, default=repr)
+        except (ValueError, TypeError, RecursionError):
+            args = "(arguments not shown)"
+    if len(args) > PROMPT_ARGS:
+        args = args[:PROMPT_ARGS] + f"... ({len(args)} characters)"
+    shown = args.encode("ascii", "backslashreplace").decode("ascii")
+    return f"run tool {tool} with {shown}"
+
+
+def too_deep(text: str) -> str:
+    """What a model reply stores instead of call arguments (JSON ``text``) that
+    nest past :data:`ARGUMENT_DEPTH`: a note that is not JSON, so the framework's
+    own bad-arguments path makes it the call's error, read by the model; never a
+    reply the journal cannot hold or the framework cannot parse on replay."""
+    return (
+        f"(arguments of {len(text)} characters that nest more than {ARGUMENT_DEPTH} "
+        "levels deep: not run)"
+    )
+
+
+def scrub(value: Any) -> Any:
+    """``value`` (JSON-able) with each lone surrogate of its strings replaced by
+    U+FFFD: a model may send one (``"\\ud800"``), and neither the journal nor
+    the frameworks' own bookkeeping can encode it as UTF-8."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        return value
+    if isinstance(value, list):
+        return [scrub(v) for v in value]
+    if isinstance(value, dict):
+        return {scrub(k): scrub(v) for k, v in value.items()}
+    return value
+
+
+def scrub_json(text: str) -> str:
+    """JSON ``text`` (a call's arguments) with its escaped lone surrogates
+    (``\\ud800``) replaced as :func:`scrub` does; as given when it has none or
+    does not parse (then it is the call's error anyway)."""
+    import json
+    import re
+
+    if not re.search(r"\\u[dD][89a-fA-F]", text):
+        return text
+    try:
+        return json.dumps(scrub(json.loads(text)), ensure_ascii=False)
+    except (ValueError, RecursionError):
+        return text
 
 
 def refuse(error: BaseException) -> NoReturn:

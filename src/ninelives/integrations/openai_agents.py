@@ -33,6 +33,21 @@ is that call's committed result, as the model read it; a tool made with
 step policy given for it in ``tools=``. Streamed runs (``Runner.run_streamed``)
 are not durable: inside a workflow they are refused.
 
+Approval: a function tool with ``needs_approval`` (a bool or the SDK's
+callable) does not interrupt the run inside a workflow (no
+``RunResult.interruptions``, no ``RunState.approve``): the call parks the task on
+a ninelives approval step ``approve:<tool name>`` before its tool step (``run``
+exits 8); ``ninelives approve TASK STEP`` lets the run go on and the tool runs
+as its step; ``--reject --note TEXT`` makes TEXT (or the SDK's own rejection
+message) the call's output, which the model reads, and the run goes on.
+Outside a workflow the SDK's own interruptions are unchanged.
+
+Replies: a model response is stored with lone surrogates replaced by U+FFFD
+(also escaped ones in call arguments) and call arguments nesting past 29 levels
+replaced by a note that is not JSON (the call's error, as in the plan's agent),
+so a replay reads back what the SDK can parse. A call of a tool the agent lacks
+ends the run with the SDK's own error (exit 12), as it ends the SDK's runs.
+
 Tested with ``openai-agents`` in :data:`SUPPORTED`; importing this module with
 another version raises :class:`~ninelives.integrations.FrameworkVersionError`.
 """
@@ -40,6 +55,8 @@ another version raises :class:`~ninelives.integrations.FrameworkVersionError`.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -50,12 +67,23 @@ SUPPORTED = ("0.24", "0.25")
 require("openai-agents", *SUPPORTED, extra="openai-agents")
 
 from agents import Agent, FunctionTool, Model, ModelResponse  # noqa: E402
+from agents.tool import DEFAULT_APPROVAL_REJECTION_MESSAGE  # noqa: E402
 from pydantic import TypeAdapter, ValidationError  # noqa: E402
 from pydantic_core import to_jsonable_python  # noqa: E402
 
 from ..errors import WorkflowError  # noqa: E402
+from ..models import nested_deeper  # noqa: E402
+from ._steps import (  # noqa: E402
+    ARGUMENT_DEPTH,
+    approval,
+    in_workflow,
+    one_at_a_time,
+    refuse,
+    scrub,
+    scrub_json,
+    too_deep,
+)
 from ._steps import durable as durable_step  # noqa: E402
-from ._steps import in_workflow, one_at_a_time, refuse  # noqa: E402
 
 __all__ = ["SUPPORTED", "DurableModel", "durable", "durable_tool"]
 
@@ -102,9 +130,15 @@ class DurableModel(Model):
 
 def durable_tool(tool: FunctionTool, policy: Mapping[str, Any] | None = None) -> FunctionTool:
     """A copy of ``tool`` whose every call inside a workflow is one durable step
-    named ``tool:<name>`` with the step ``policy`` (``@ninelives.step``'s keywords)."""
+    named ``tool:<name>`` with the step ``policy`` (``@ninelives.step``'s keywords).
+
+    A tool with ``needs_approval`` asks, inside a workflow, a ninelives approval
+    step ``approve:<name>`` before its tool step instead of interrupting the run:
+    the task waits for ``ninelives approve``; rejected, the model reads the note
+    (or the SDK's own rejection message) as the call's output."""
     invoke = tool.on_invoke_tool
     name = f"tool:{tool.name}"
+    needs = tool.needs_approval
 
     async def on_invoke_tool(context: Any, arguments: str) -> Any:
         if not in_workflow():
@@ -115,10 +149,38 @@ def durable_tool(tool: FunctionTool, policy: Mapping[str, Any] | None = None) ->
             return {"call_id": call, "return": to_jsonable_python(await invoke(context, given))}
 
         async with one_at_a_time():
+            if await _needs_approval(needs, context, arguments, call_id):
+                approved, note = approval(tool.name, arguments)
+                if not approved:
+                    return note or DEFAULT_APPROVAL_REJECTION_MESSAGE
             stored = await durable_step(name, execute, policy, call_id, arguments)
         return answer(name, call_id, stored)
 
-    return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool)
+    async def needs_approval(context: Any, params: Any, call_id: str) -> bool:
+        # Inside a workflow ninelives asks, as a step, when the tool is invoked.
+        return not in_workflow() and await _needs_approval(needs, context, params, call_id)
+
+    if needs is False:
+        return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool)
+    return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool, needs_approval=needs_approval)
+
+
+async def _needs_approval(needs: Any, context: Any, arguments: Any, call_id: str) -> bool:
+    """The tool's own ``needs_approval`` setting evaluated, as the SDK does it: a
+    bool, or a (possibly async) callable of the context, the parsed arguments
+    (``{}`` when they are not a JSON object) and the call id."""
+    if isinstance(needs, bool) or not callable(needs):
+        return bool(needs)
+    params = arguments
+    if isinstance(arguments, str):
+        try:
+            params = json.loads(arguments)
+        except (ValueError, RecursionError):
+            params = {}
+    decided = needs(context, params if isinstance(params, dict) else {}, call_id)
+    if inspect.isawaitable(decided):
+        decided = await decided
+    return bool(decided)
 
 
 def answer(name: str, call_id: str, stored: Any) -> Any:
@@ -177,10 +239,20 @@ def _step_name(name: str) -> str:
 
 def encode_response(response: ModelResponse) -> dict[str, Any]:
     """A model response as a step stores it: the SDK's own types as JSON, plus the
-    token counts ``ninelives status`` sums."""
+    token counts ``ninelives status`` sums. Lone surrogates become U+FFFD, and
+    call arguments nesting past :data:`~._steps.ARGUMENT_DEPTH` levels a note
+    that is not JSON (that call's error), so a replay reads the same reply back
+    and neither the journal nor the SDK chokes on it."""
     usage = response.usage
+    stored = scrub(_RESPONSE.dump_python(response, mode="json"))
+    for item in stored.get("output") or ():
+        arguments = item.get("arguments") if isinstance(item, dict) else None
+        if isinstance(arguments, str) and nested_deeper(arguments, ARGUMENT_DEPTH):
+            item["arguments"] = too_deep(arguments)
+        elif isinstance(arguments, str):
+            item["arguments"] = scrub_json(arguments)
     return {
-        "response": _RESPONSE.dump_python(response, mode="json"),
+        "response": stored,
         "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens},
     }
 

@@ -26,6 +26,23 @@ prompt, as Pydantic AI made it) and raised again on replay, so the model reads
 the same prompt; any other exception is a ``step_error``, retried by the step
 policy (``tools=``), and fails the task once its attempts are used up.
 
+Approval: a tool declared ``requires_approval=True``, or one that raises
+``ApprovalRequired`` (journaled as its step's result, raised again on replay),
+does not end the run with ``DeferredToolRequests``: through the capability's
+``handle_deferred_tool_calls`` each such call parks the task on a ninelives
+approval step ``approve:<tool name>`` (``ctx.approval(..., on_reject="answer")``,
+one call at a time in the response's order; ``run`` exits 8).
+``ninelives approve TASK STEP`` lets the run go on and the call runs as its
+tool step; ``--reject --note TEXT`` hands the model ``ToolDenied(TEXT)`` and
+the run goes on. Calls deferred for external execution (``CallDeferred``) are
+left to the caller, as without the capability.
+
+Replies: a model response is stored with lone surrogates replaced by U+FFFD
+and a tool call's arguments nesting past 29 levels replaced by a note that is
+not JSON (the call's error, which the model reads, as in the plan's agent); a
+model request that fails fails its step at once (Pydantic AI makes a request
+once per run; ``ninelives retry`` asks again).
+
 Outside a workflow, and inside a step of one (an agent run nested in another
 agent's tool is part of that tool's step), the capability does nothing: the
 agent runs as a plain agent and touches no database.
@@ -41,6 +58,7 @@ with another version installed raises
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -53,18 +71,34 @@ require("pydantic-ai-slim", *SUPPORTED, extra="pydantic-ai")
 
 from pydantic_ai import ModelMessagesTypeAdapter  # noqa: E402
 from pydantic_ai.capabilities import AbstractCapability  # noqa: E402
-from pydantic_ai.exceptions import ToolRetryError  # noqa: E402
+from pydantic_ai.exceptions import (  # noqa: E402
+    ApprovalRequired,
+    CallDeferred,
+    ToolRetryError,
+)
 from pydantic_ai.messages import ModelRequest, ModelResponse  # noqa: E402
 from pydantic_ai.tool_manager import ToolManager  # noqa: E402
+from pydantic_ai.tools import DeferredToolResults, ToolDenied  # noqa: E402
 from pydantic_core import to_jsonable_python  # noqa: E402
 
-from ..errors import WorkflowError  # noqa: E402
-from ._steps import durable, in_workflow, refuse  # noqa: E402
+from ..errors import NineLivesError, PermanentError, WorkflowError  # noqa: E402
+from ..models import MAX_DEPTH, nested_deeper  # noqa: E402
+from ._steps import (  # noqa: E402
+    ARGUMENT_DEPTH,
+    approval,
+    durable,
+    in_workflow,
+    refuse,
+    scrub,
+    scrub_json,
+    too_deep,
+)
 
 __all__ = ["SUPPORTED", "NinelivesDurability"]
 
 _RETRY = "retry"
 _RETURN = "return"
+_DEFERRED = "deferred"
 
 
 @dataclass
@@ -110,8 +144,25 @@ class NinelivesDurability(AbstractCapability[Any]):
         if not in_workflow():
             return await handler(request_context)
 
+        asked: list[str] = []
+
         async def ask() -> dict[str, Any]:
-            return encode_response(await handler(request_context))
+            # Pydantic AI lets a request's handler run once: a second attempt in
+            # this process could only fail with its UserError, so the step fails
+            # at once, saying why; a later run ('ninelives retry') asks again.
+            if asked:
+                raise PermanentError(f"the model's reply could not be stored: {asked[0]}")
+            asked.append("see the step's error before")
+            try:
+                response = await handler(request_context)
+            except NineLivesError:
+                raise
+            except Exception as exc:
+                raise PermanentError(
+                    f"the model request failed: {type(exc).__name__}: {exc} (Pydantic AI makes "
+                    "it once per run; 'ninelives retry' asks again)"
+                ) from exc
+            return encode_response(response)
 
         stored = await durable(f"model:{self._prefix}", ask)
         return decode_response(stored)
@@ -134,6 +185,8 @@ class NinelivesDurability(AbstractCapability[Any]):
                 result = await handler(args)
             except ToolRetryError as exc:  # a ModelRetry, as the agent turned it into a part
                 return {"call_id": call_id, _RETRY: encode_part(exc.tool_retry)}
+            except (ApprovalRequired, CallDeferred) as exc:  # the tool's answer: not yet
+                return {"call_id": call_id, _DEFERRED: encode_deferral(exc)}
             return {"call_id": call_id, _RETURN: to_jsonable_python(result)}
 
         name = f"tool:{call.tool_name}"
@@ -142,12 +195,47 @@ class NinelivesDurability(AbstractCapability[Any]):
         stored = await durable(name, execute, policy, call.tool_call_id, given)
         return answer(name, call.tool_call_id, stored)
 
+    async def handle_deferred_tool_calls(self, ctx: Any, *, requests: Any) -> Any:
+        """Inside a workflow, each call waiting for approval (``requires_approval=True``,
+        or ``ApprovalRequired`` raised by the tool) parks the task on a ninelives
+        approval step ``approve:<tool>``, one call at a time in the response's
+        order; approved, the call runs as its tool step; rejected, the model reads
+        ``ToolDenied`` with the person's note. Calls deferred for external
+        execution are left to the caller, as without the capability."""
+        if not in_workflow() or not requests.approvals:
+            return None
+        results = DeferredToolResults()
+        for call in requests.approvals:
+            approved, note = approval(call.tool_name, call.args)
+            results.approvals[call.tool_call_id] = (
+                True if approved else ToolDenied(note) if note else ToolDenied()
+            )
+        return results
+
+
+def encode_deferral(exc: ApprovalRequired | CallDeferred) -> dict[str, Any]:
+    """A deferral a tool raised, as JSON."""
+    kind = "approval" if isinstance(exc, ApprovalRequired) else exc.kind
+    return {"kind": kind, "metadata": to_jsonable_python(exc.metadata, fallback=repr)}
+
+
+def decode_deferral(stored: Any) -> ApprovalRequired | CallDeferred:
+    """The deferral :func:`encode_deferral` stored, to raise again."""
+    kind = stored.get("kind") if isinstance(stored, dict) else None
+    metadata = stored.get("metadata") if isinstance(stored, dict) else None
+    metadata = metadata if isinstance(metadata, dict) else None
+    if kind == "approval":
+        return ApprovalRequired(metadata)
+    if kind in ("external", "question"):
+        return CallDeferred(metadata, kind=kind)
+    refuse(WorkflowError(f"a stored tool deferral cannot be read back: kind {kind!r}"))
+
 
 def answer(name: str, call_id: str, stored: Any) -> Any:
     """What a tool step stored for ``call_id``: its result, or its retry prompt
     raised again; :class:`~ninelives.errors.WorkflowError`
     when it belongs to another call (exit 12, nothing written)."""
-    if not isinstance(stored, dict) or not ({_RETRY, _RETURN} & set(stored)):
+    if not isinstance(stored, dict) or not ({_RETRY, _RETURN, _DEFERRED} & set(stored)):
         refuse(
             WorkflowError(f"{name}: the stored result is not a tool result; nothing was written")
         )
@@ -161,6 +249,8 @@ def answer(name: str, call_id: str, stored: Any) -> Any:
         )
     if _RETRY in stored:
         raise ToolRetryError(decode_part(stored[_RETRY]))
+    if _DEFERRED in stored:
+        raise decode_deferral(stored[_DEFERRED])
     return stored[_RETURN]
 
 
@@ -186,14 +276,39 @@ def decode_part(stored: Any) -> Any:
 
 def encode_response(response: ModelResponse) -> dict[str, Any]:
     """A model response as a step stores it: Pydantic AI's own JSON form, plus the
-    token counts ``ninelives status`` sums."""
+    token counts ``ninelives status`` sums. Lone surrogates become U+FFFD and
+    call arguments are fitted (:func:`fit_arguments`), so a replay reads the same
+    reply back and the journal can hold it."""
     (message,) = ModelMessagesTypeAdapter.dump_python([response], mode="json")
+    message = scrub(message)
+    for part in message.get("parts") or ():
+        if isinstance(part, dict) and part.get("part_kind") == "tool-call":
+            part["args"] = fit_arguments(part.get("args"))
     usage = response.usage
     return {
         "response": message,
         "model": response.model_name or "",
         "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens},
     }
+
+
+def fit_arguments(args: Any) -> Any:
+    """A tool call's arguments as a step can store them: as given while they nest
+    little; as their JSON text (which Pydantic AI parses alike) when the reply
+    around them would nest past what the journal holds; a note that is not JSON
+    (the call's error) past :data:`~._steps.ARGUMENT_DEPTH` levels."""
+    if not isinstance(args, (dict, list)):
+        text = args if isinstance(args, str) else ""
+        return too_deep(text) if nested_deeper(text, ARGUMENT_DEPTH) else scrub_json(text) or args
+    text = json.dumps(args, ensure_ascii=False)
+    if nested_deeper(text, ARGUMENT_DEPTH):
+        return too_deep(text)
+    return text if nested_deeper(text, _DICT_DEPTH) else args
+
+
+#: Levels a reply's stored JSON adds around a call's arguments (``value``,
+#: ``response``, ``parts``, the part), and one to spare.
+_DICT_DEPTH = MAX_DEPTH - 5
 
 
 def decode_response(stored: Any) -> ModelResponse:
