@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .chat import ask, assistant_message, context_text, tool_message
+from .chat import ask, assistant_message, shown_outputs, tool_message
 from .errors import PlanError, ToolError
 from .models import AGENT_TOOL
 
@@ -146,9 +146,7 @@ def turn_policy(turn: Mapping[str, Any]) -> dict[str, Any] | None:
 def conversation(turn: Mapping[str, Any], ctx: Mapping[int, Any]) -> list[dict[str, Any]]:
     """The messages of a turn (its ``system`` aside), rebuilt from its input and
     the committed outputs."""
-    parts = [str(turn.get("goal") or "")]
-    for ref in turn.get("context", []):
-        parts.append(f"Output of step {ref}:\n{context_text(_output(ctx, ref))}")
+    parts = [str(turn.get("goal") or ""), *shown_outputs(turn.get("context", []), ctx)]
     messages: list[dict[str, Any]] = [
         {"role": "user", "content": "\n\n".join(p for p in parts if p)}
     ]

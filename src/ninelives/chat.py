@@ -252,6 +252,17 @@ def require_validator() -> Any:
     return fastjsonschema
 
 
+def shown_outputs(refs: Sequence[int], ctx: Mapping[int, Any]) -> list[str]:
+    """The committed outputs of steps ``refs`` as a model is shown them, one
+    ``Output of step N:`` part each (:class:`ToolError` for one not committed)."""
+    parts = []
+    for ref in refs:
+        if ref not in ctx:
+            raise ToolError(f"step {ref} has no committed output")
+        parts.append(f"Output of step {ref}:\n{context_text(ctx[ref])}")
+    return parts
+
+
 def context_text(output: Any) -> str:
     """What a model is shown of a step's output: its text, else its JSON."""
     if isinstance(output, Mapping):

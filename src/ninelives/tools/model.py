@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..chat import ask, context_text
-from ..errors import PlanError, ToolError
+from ..chat import ask, shown_outputs
+from ..errors import PlanError
 from . import Tool
 
 
@@ -48,12 +48,7 @@ def validate(step_input: Mapping[str, Any]) -> None:
 def messages_for(step_input: Mapping[str, Any], ctx: Mapping[int, Any]) -> list[dict[str, Any]]:
     """The conversation one ``llm`` step sends: an optional system message, then
     one user message with each named output and the prompt."""
-    parts = []
-    for ref in _refs(step_input):
-        if ref not in ctx:
-            raise ToolError(f"step {ref} has no committed output")
-        parts.append(f"Output of step {ref}:\n{context_text(ctx[ref])}")
-    parts.append(step_input["prompt"])
+    parts = [*shown_outputs(_refs(step_input), ctx), step_input["prompt"]]
     messages: list[dict[str, Any]] = []
     if step_input.get("system"):
         messages.append({"role": "system", "content": step_input["system"]})
