@@ -12,7 +12,9 @@ turn. A turn rebuilds the whole conversation from committed outputs (the goal
 and the static steps' outputs in the first user message, then each earlier
 turn as an assistant message with its tool calls, and each call's committed
 result as a tool message answering it by id), asks the model once, and
-returns its reply as the step's output. When the reply asks for tools, the
+returns its reply as the step's output: the model request, the tool schemas
+and the checks of each call are those of ``ctx.chat`` (:mod:`ninelives.chat`).
+When the reply asks for tools, the
 transaction that commits the turn ``done`` also appends one step per valid
 call and then the next turn (:func:`after_turn`), each journaled
 ``step_appended``; a reply without calls is the answer and ends the task.
@@ -26,20 +28,16 @@ result, which the model reads on its next turn. ``max_turns`` and
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .chat import ask, assistant_message, shown_outputs, tool_message
 from .errors import PlanError, ToolError
-from .models import AGENT_TOOL, MAX_DEPTH, nested_deeper
+from .models import AGENT_TOOL
 
 if TYPE_CHECKING:
     from .models import Task
-
-#: How deep a call's arguments may nest: they sit three levels into the turn's
-#: output (``tool_calls``, the call, ``arguments``), which nests at most MAX_DEPTH.
-MAX_ARGUMENT_DEPTH = MAX_DEPTH - 3
 
 DEFAULT_MAX_TURNS = 8
 DEFAULT_MAX_CALLS = 32
@@ -100,25 +98,6 @@ def parse_spec(raw: Any) -> AgentSpec:
     )
 
 
-def check_spec_tools(spec: AgentSpec, lookup: Callable[[str], Any]) -> None:
-    """Every tool the agent may call exists and declares a JSON Schema, and the
-    validator that checks calls against them is installed."""
-    check_callable(spec.tools, lookup)
-
-
-def check_callable(names: Sequence[str], lookup: Callable[[str], Any]) -> None:
-    """Every tool in ``names`` exists and declares a JSON Schema, and the validator
-    that checks calls against them is installed (:class:`PlanError` if not)."""
-    require_validator()
-    for name in names:
-        tool = lookup(name)
-        if getattr(tool, "schema", None) is None:
-            raise PlanError(
-                f"agent tool {name!r} declares no input schema: a model can only call "
-                "tools that declare one"
-            )
-
-
 def first_turn(
     spec: AgentSpec, goal: str, static_steps: int, defaults: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -165,41 +144,21 @@ def turn_policy(turn: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def conversation(turn: Mapping[str, Any], ctx: Mapping[int, Any]) -> list[dict[str, Any]]:
-    """The messages of a turn, rebuilt from its input and the committed outputs."""
-    from .tools.model import context_text
-
-    messages: list[dict[str, Any]] = []
-    if turn.get("system"):
-        messages.append({"role": "system", "content": turn["system"]})
-    parts = [str(turn.get("goal") or "")]
-    for ref in turn.get("context", []):
-        parts.append(f"Output of step {ref}:\n{context_text(_output(ctx, ref))}")
-    messages.append({"role": "user", "content": "\n\n".join(p for p in parts if p)})
+    """The messages of a turn (its ``system`` aside), rebuilt from its input and
+    the committed outputs."""
+    parts = [str(turn.get("goal") or ""), *shown_outputs(turn.get("context", []), ctx)]
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "\n\n".join(p for p in parts if p)}
+    ]
     for ref in turn.get("history", []):
         earlier = _output(ctx, ref)
-        calls = earlier.get("tool_calls") or []
-        messages.append(
-            {
-                "role": "assistant",
-                "content": earlier.get("text") or "",
-                "tool_calls": [
-                    {"id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in calls
-                ],
-            }
-        )
-        for call in calls:
+        messages.append(assistant_message(earlier))
+        for call in earlier.get("tool_calls") or []:
             if call.get("step") is None:
-                result = f"error: {call.get('error') or 'the call was not run'}"
+                result: Any = {"error": call.get("error") or "the call was not run"}
             else:
-                result = json.dumps(_output(ctx, call["step"]), ensure_ascii=False, sort_keys=True)
-            messages.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": call["id"],
-                    "name": call["name"],
-                    "content": result,
-                }
-            )
+                result = _output(ctx, call["step"])
+            messages.append(tool_message(call, result))
     return messages
 
 
@@ -209,90 +168,6 @@ def _output(ctx: Mapping[int, Any], ref: int) -> Any:
     return ctx[ref]
 
 
-def tool_definitions(names: Sequence[str], lookup: Callable[[str], Any]) -> list[dict[str, Any]]:
-    """``{"name", "description", "parameters"}`` of each tool the agent may call."""
-    found = []
-    for name in names:
-        tool = lookup(name)
-        found.append(
-            {
-                "name": name,
-                "description": getattr(tool, "description", "") or "",
-                "parameters": getattr(tool, "schema", None) or {"type": "object"},
-            }
-        )
-    return found
-
-
-def check_call(
-    name: str, arguments: Any, allowed: Sequence[str], lookup: Callable[[str], Any]
-) -> str:
-    """Why the call cannot run (unknown tool, arguments failing the schema or the
-    tool's own check), or an empty string when it can."""
-    if name not in allowed:
-        return f"unknown tool {name!r}: this agent may call {', '.join(allowed) or 'no tool'}"
-    tool = lookup(name)
-    schema = getattr(tool, "schema", None)
-    if schema is not None:
-        problem = schema_problem(schema, arguments)
-        if problem:
-            return f"arguments of {name!r} do not match its schema: {problem}"
-    check = getattr(tool, "validate", None)
-    if check is not None:
-        try:
-            check(arguments)
-        except PlanError as exc:
-            return f"arguments of {name!r} refused: {exc}"
-    return ""
-
-
-def argument_problem(arguments: Any) -> str:
-    """Why a call's decoded arguments cannot be stored as a step's input, or ''."""
-    from .journal import dumps
-
-    too_deep = f"they nest more than {MAX_ARGUMENT_DEPTH} levels deep"
-    try:
-        text = dumps(arguments)
-    except RecursionError:
-        return too_deep
-    except (TypeError, ValueError):
-        return "they hold a number JSON cannot store (NaN, Infinity, or out of range: 1e999)"
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return "they hold text that is not valid Unicode (a lone surrogate)"
-    return too_deep if nested_deeper(text, MAX_ARGUMENT_DEPTH) else ""
-
-
-_COMPILED: dict[str, Callable[[Any], Any]] = {}
-
-
-def schema_problem(schema: Mapping[str, Any], value: Any) -> str:
-    """Why ``value`` fails ``schema`` (JSON Schema, checked by fastjsonschema), or ''."""
-    fastjsonschema = require_validator()
-    key = json.dumps(schema, sort_keys=True)
-    check = _COMPILED.get(key)
-    if check is None:
-        check = _COMPILED[key] = fastjsonschema.compile(dict(schema))
-    try:
-        check(value)
-    except fastjsonschema.JsonSchemaException as exc:
-        return str(exc.message)
-    return ""
-
-
-def require_validator() -> Any:
-    """The JSON Schema validator, or a :class:`PlanError` saying how to install it."""
-    try:
-        import fastjsonschema
-    except ImportError:
-        raise PlanError(
-            "agents check tool calls against JSON Schemas with fastjsonschema: "
-            "pip install 'ninelives[agents]'"
-        ) from None
-    return fastjsonschema
-
-
 def run_turn(
     turn: Mapping[str, Any],
     ctx: Mapping[int, Any],
@@ -300,45 +175,23 @@ def run_turn(
     lookup: Callable[[str], Any],
     env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Ask the model once and return the turn's output: its text, each call with
-    the step index it will run as (or why it cannot run), and what it cost."""
-    from .errors import InputError
-    from .llm import EngineConfig, open_engine
-
-    overrides = {k: turn[k] for k in ("engine", "model") if turn.get(k)}
-    try:
-        config = EngineConfig.from_env(env, **overrides)
-    except InputError as exc:
-        raise ToolError(str(exc)) from None
-    allowed = list(turn.get("tools", []))
-    reply = open_engine(config).chat(conversation(turn, ctx), tool_definitions(allowed, lookup))
-    calls = []
-    next_idx = idx + 1
-    for call in reply.tool_calls:
-        entry: dict[str, Any] = {"id": call.id, "name": call.name, "arguments": call.arguments}
-        unusable = call.problem or argument_problem(call.arguments)
-        if unusable:
-            # Arguments no store or reader can keep are not kept: the error says why.
-            entry["arguments"] = {}
-            problem = f"arguments of {call.name!r} refused: {unusable}"
-        else:
-            problem = check_call(call.name, call.arguments, allowed, lookup)
-        if problem:
-            entry["step"] = None
-            entry["error"] = problem
-        else:
-            entry["step"] = next_idx
-            next_idx += 1
-        calls.append(entry)
-    return {
-        "turn": turn.get("turn", 0),
-        "text": reply.text,
-        "tool_calls": calls,
-        "engine": reply.engine,
-        "model": reply.model,
-        "usage": reply.usage(),
-        "ms": reply.ms,
+    """Ask the model once (:func:`ninelives.chat.ask`) and return the turn's
+    output: the reply, with each call the step index it will run as, or None
+    beside the error that says why it cannot run."""
+    request = {
+        "messages": conversation(turn, ctx),
+        "tools": list(turn.get("tools", [])),
+        **{k: turn[k] for k in ("system", "model", "engine") if turn.get(k)},
     }
+    reply = ask(request, lookup, env)
+    next_idx = idx + 1
+    for call in reply["tool_calls"]:
+        if call.get("error"):
+            call["step"] = None
+        else:
+            call["step"] = next_idx
+            next_idx += 1
+    return {"turn": turn.get("turn", 0), **reply}
 
 
 @dataclass(frozen=True, kw_only=True)

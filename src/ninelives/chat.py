@@ -1,41 +1,49 @@
-"""Model and tool calls in a workflow: what ``ctx.chat`` and ``ctx.call_tool`` run.
+"""Model and tool calls: the one mechanism behind ``ctx.chat``, ``ctx.call_tool``,
+the plan's ``agent`` section and the ``llm`` tool.
 
-``ctx.chat(messages, tools=..., system=..., model=..., engine=...)`` is one
-durable step named ``chat`` that asks the configured engine (``stub``,
-``ollama``, ``openai``: ``NINELIVES_LLM*`` as for the plan agent) once and
+:func:`ask` asks the configured engine (``stub``, ``ollama``, ``openai``:
+``NINELIVES_LLM*``) once, offering registered tools by their JSON Schemas, and
 returns::
 
     {"text": str, "tool_calls": [{"id", "name", "arguments"}],
      "engine": str, "model": str, "usage": {"input_tokens", "output_tokens"}, "ms": float}
 
-``tools`` names registered tools; each must declare a JSON Schema, which the
-model is shown. A call the model makes to a tool it was not offered, or with
-arguments that fail that schema, carries an ``"error"`` beside its id, name and
-arguments. ``ctx.call_tool(call)`` then runs the tool a call names as a durable
-step named after the tool: a call with an error (or one that fails the checks
-again: an unknown tool, arguments against the schema) runs nothing and returns
-``{"error": ...}``, the result the model reads next; it does not fail the task.
-The plan agent (:mod:`ninelives.agent`) checks calls with the same functions.
+Each call it returns is checked (:func:`check_call`): a call to a tool not
+offered, arguments that fail the tool's schema or its own check, or arguments
+no store can keep (a number JSON lacks, nesting deeper than a step's input may)
+carry an ``"error"`` beside the id, name and arguments (those last then ``{}``).
+:func:`run_call` runs the tool a call names, or returns ``{"error": ...}``
+when it cannot run: the result the model reads next, not a failed task.
+
+Who uses it: a workflow's ``ctx.chat`` is one step named ``chat`` whose body is
+:func:`ask`, and ``ctx.call_tool`` one named after the tool whose body is
+:func:`run_call` (:mod:`ninelives.replay_chat`); the plan agent's turn is a
+step whose body is :func:`ask` on the conversation rebuilt from committed
+outputs, and each call :func:`ask` found runnable is appended as a step of
+its tool (:mod:`ninelives.agent`); the ``llm`` tool is :func:`ask` offering
+no tool (:mod:`ninelives.tools.model`).
 
 Messages are the neutral shape of :mod:`ninelives.llm`, so a reply goes back
-into the conversation as ``{"role": "assistant", "content": reply["text"],
-"tool_calls": reply["tool_calls"]}`` and a result as :func:`tool_message`.
+into the conversation as :func:`assistant_message` and a result as
+:func:`tool_message`.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .errors import InputError, PlanError, ToolError
-
-if TYPE_CHECKING:
-    from .runtime import Runtime
+from .models import MAX_DEPTH, nested_deeper
 
 #: The step name of a model request made with ``ctx.chat``.
 CHAT_STEP = "chat"
+#: How deep a call's arguments may nest: they sit three levels into a reply
+#: (``tool_calls``, the call, ``arguments``), which as an output nests at most MAX_DEPTH.
+MAX_ARGUMENT_DEPTH = MAX_DEPTH - 3
 _ROLES = ("system", "user", "assistant", "tool")
+_TEXT_KEYS = ("text", "summary")
 
 
 def chat_request(
@@ -74,15 +82,41 @@ def chat_request(
     return request
 
 
-def check_offered(tools: Sequence[str], lookup: Callable[[str], Any]) -> None:
-    """Every tool offered to a model is registered and declares a JSON Schema
-    (:class:`~ninelives.errors.InputError` if not: the workflow's mistake)."""
-    from .agent import check_callable
+def check_callable(names: Sequence[str], lookup: Callable[[str], Any]) -> None:
+    """Every tool in ``names`` exists and declares a JSON Schema, and the validator
+    that checks calls against them is installed (:class:`PlanError` if not)."""
+    require_validator()
+    for name in names:
+        tool = lookup(name)
+        if getattr(tool, "schema", None) is None:
+            raise PlanError(
+                f"agent tool {name!r} declares no input schema: a model can only call "
+                "tools that declare one"
+            )
 
+
+def check_offered(tools: Sequence[str], lookup: Callable[[str], Any]) -> None:
+    """:func:`check_callable` for ``ctx.chat``: a tool it cannot offer is the
+    workflow's mistake (:class:`~ninelives.errors.InputError`)."""
     try:
         check_callable(tools, lookup)
     except PlanError as exc:
         raise InputError(f"chat: {exc}") from None
+
+
+def tool_definitions(names: Sequence[str], lookup: Callable[[str], Any]) -> list[dict[str, Any]]:
+    """``{"name", "description", "parameters"}`` of each tool a model is offered."""
+    found = []
+    for name in names:
+        tool = lookup(name)
+        found.append(
+            {
+                "name": name,
+                "description": getattr(tool, "description", "") or "",
+                "parameters": getattr(tool, "schema", None) or {"type": "object"},
+            }
+        )
+    return found
 
 
 def ask(
@@ -90,9 +124,11 @@ def ask(
     lookup: Callable[[str], Any],
     env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Ask the engine once (the body of a ``chat`` step): the reply, each call
-    checked against the tools offered."""
-    from .agent import check_call, tool_definitions
+    """Ask the engine once: ``request`` holds ``messages`` (neutral shape),
+    ``tools`` (names offered), and optionally ``system``, ``model`` and ``engine``
+    (overriding ``NINELIVES_LLM*`` from ``env``). Returns the reply, each call
+    checked against the tools offered; :class:`~ninelives.errors.ToolError` if
+    the engine is misconfigured or gives no usable reply."""
     from .llm import EngineConfig, open_engine
 
     overrides = {k: request[k] for k in ("engine", "model") if request.get(k)}
@@ -108,8 +144,12 @@ def ask(
     calls = []
     for call in reply.tool_calls:
         entry: dict[str, Any] = call.as_message()
-        problem = check_call(call.name, call.arguments, offered, lookup)
-        if problem:
+        unusable = call.problem or argument_problem(call.arguments)
+        if unusable:
+            # Arguments no store or reader can keep are not kept: the error says why.
+            entry["arguments"] = {}
+            entry["error"] = f"arguments of {call.name!r} refused: {unusable}"
+        elif problem := check_call(entry, offered, lookup):
             entry["error"] = problem
         calls.append(entry)
     return {
@@ -122,43 +162,132 @@ def ask(
     }
 
 
-def call_problem(call: Any, lookup: Callable[[str], Any]) -> str:
-    """Why ``call`` cannot run, or '' when it can: the error its ``chat`` step
-    recorded, a shape that is not a call, an unknown tool, or arguments that fail
-    the tool's schema or its own check."""
-    from .agent import check_call
-
+def check_call(call: Any, offered: Sequence[str] | None, lookup: Callable[[str], Any]) -> str:
+    """Why ``call`` cannot run, or '' when it can: a shape that is not a call, the
+    error its reply recorded, a tool not among ``offered`` (None: any registered
+    tool) or not registered or without a schema, or arguments that fail the
+    tool's schema or its own check."""
     if not isinstance(call, Mapping) or not isinstance(call.get("name"), str):
         return "not a tool call: it needs a 'name' and 'arguments'"
     if call.get("error"):
         return str(call["error"])
     name, arguments = call["name"], call.get("arguments", {})
+    if offered is not None and name not in offered:
+        return f"unknown tool {name!r}: this agent may call {', '.join(offered) or 'no tool'}"
     try:
         tool = lookup(name)
     except PlanError:
         return f"unknown tool {name!r}"
-    if getattr(tool, "schema", None) is None:
+    schema = getattr(tool, "schema", None)
+    if schema is None:
         return f"tool {name!r} declares no input schema: a model can only call tools that do"
     if not isinstance(arguments, Mapping):
         return f"arguments of {name!r} must be an object"
-    return check_call(name, dict(arguments), [name], lookup)
+    problem = schema_problem(schema, dict(arguments))
+    if problem:
+        return f"arguments of {name!r} do not match its schema: {problem}"
+    check = getattr(tool, "validate", None)
+    if check is not None:
+        try:
+            check(dict(arguments))
+        except PlanError as exc:
+            return f"arguments of {name!r} refused: {exc}"
+    return ""
 
 
-def step_name(call: Any) -> str:
-    """The name of the step that runs ``call``: its tool's name, or ``call`` for a
-    name no step can take (a model may answer anything)."""
-    import re
+def run_call(call: Any, lookup: Callable[[str], Any], context: Any) -> Any:
+    """Run the tool ``call`` names with its arguments, for the step ``context``
+    (a :class:`~ninelives.tools.ToolContext`); ``{"error": ...}`` without running
+    anything when it cannot run (:func:`check_call`)."""
+    problem = check_call(call, None, lookup)
+    if problem:
+        return {"error": problem}
+    return lookup(call["name"]).run(dict(call.get("arguments", {})), context)
 
-    from .durable import NAME_PATTERN
-    from .models import AGENT_TOOL, APPROVAL_TOOL
 
-    name = call.get("name") if isinstance(call, Mapping) else None
-    valid = isinstance(name, str) and re.fullmatch(NAME_PATTERN, name) is not None
-    return name if valid and name not in (AGENT_TOOL, APPROVAL_TOOL) else "call"  # type: ignore[return-value]
+def argument_problem(arguments: Any) -> str:
+    """Why a call's decoded arguments cannot be stored as a step's input, or ''."""
+    from .journal import dumps
+
+    too_deep = f"they nest more than {MAX_ARGUMENT_DEPTH} levels deep"
+    try:
+        text = dumps(arguments)
+    except RecursionError:
+        return too_deep
+    except (TypeError, ValueError):
+        return "they hold a number JSON cannot store (NaN, Infinity, or out of range: 1e999)"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "they hold text that is not valid Unicode (a lone surrogate)"
+    return too_deep if nested_deeper(text, MAX_ARGUMENT_DEPTH) else ""
+
+
+_COMPILED: dict[str, Callable[[Any], Any]] = {}
+
+
+def schema_problem(schema: Mapping[str, Any], value: Any) -> str:
+    """Why ``value`` fails ``schema`` (JSON Schema, checked by fastjsonschema), or ''."""
+    fastjsonschema = require_validator()
+    key = json.dumps(schema, sort_keys=True)
+    check = _COMPILED.get(key)
+    if check is None:
+        check = _COMPILED[key] = fastjsonschema.compile(dict(schema))
+    try:
+        check(value)
+    except fastjsonschema.JsonSchemaException as exc:
+        return str(exc.message)
+    return ""
+
+
+def require_validator() -> Any:
+    """The JSON Schema validator, or a :class:`PlanError` saying how to install it."""
+    try:
+        import fastjsonschema
+    except ImportError:
+        raise PlanError(
+            "agents check tool calls against JSON Schemas with fastjsonschema: "
+            "pip install 'ninelives[agents]'"
+        ) from None
+    return fastjsonschema
+
+
+def shown_outputs(refs: Sequence[int], ctx: Mapping[int, Any]) -> list[str]:
+    """The committed outputs of steps ``refs`` as a model is shown them, one
+    ``Output of step N:`` part each (:class:`ToolError` for one not committed)."""
+    parts = []
+    for ref in refs:
+        if ref not in ctx:
+            raise ToolError(f"step {ref} has no committed output")
+        parts.append(f"Output of step {ref}:\n{context_text(ctx[ref])}")
+    return parts
+
+
+def context_text(output: Any) -> str:
+    """What a model is shown of a step's output: its text, else its JSON."""
+    if isinstance(output, Mapping):
+        for key in _TEXT_KEYS:
+            if isinstance(output.get(key), str):
+                return str(output[key])
+    return json.dumps(output, ensure_ascii=False, sort_keys=True)
+
+
+def assistant_message(reply: Mapping[str, Any]) -> dict[str, Any]:
+    """The assistant message that puts ``reply`` (of :func:`ask`) back into the
+    conversation: its text and each call's id, name and arguments."""
+    calls = reply.get("tool_calls") or []
+    return {
+        "role": "assistant",
+        "content": reply.get("text") or "",
+        "tool_calls": [
+            {"id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in calls
+        ],
+    }
 
 
 def tool_message(call: Mapping[str, Any], result: Any) -> dict[str, Any]:
-    """The tool message that answers ``call`` with ``result``, in the neutral shape."""
+    """The tool message that answers ``call`` with ``result``, in the neutral
+    shape: ``{"error": why}`` reads ``error: why``, anything else its JSON."""
     if isinstance(result, Mapping) and set(result) == {"error"}:
         content = f"error: {result['error']}"
     else:
@@ -169,111 +298,3 @@ def tool_message(call: Mapping[str, Any], result: Any) -> dict[str, Any]:
         "name": str(call.get("name") or ""),
         "content": content,
     }
-
-
-def run_call(call: Any, lookup: Callable[[str], Any]) -> Any:
-    """Run the tool ``call`` names (the body of a ``ctx.call_tool`` step), in the
-    step's context; ``{"error": ...}`` without running anything when it cannot run."""
-    from .durable import current_step
-
-    problem = call_problem(call, lookup)
-    if problem:
-        return {"error": problem}
-    context = current_step()
-    assert context is not None  # a ctx.call_tool step sets it
-    return lookup(call["name"]).run(dict(call.get("arguments", {})), context)
-
-
-def _policy(call: Any, lookup: Callable[[str], Any], fn: Callable[..., Any]) -> Any:
-    """``fn`` as a step with the outcome mode the called tool declares (``probe``,
-    ``refuse``): a tool that must not run twice is not rerun after a kill."""
-    from .durable import step
-
-    try:
-        tool = lookup(step_name(call))
-    except PlanError:
-        return fn
-    if tool.on_unknown == "rerun":
-        return fn
-    arguments = dict(call.get("arguments") or {}) if isinstance(call, Mapping) else {}
-
-    def probe(context: Any) -> Any:
-        return tool.ask_probe(arguments, context)
-
-    policy: dict[str, Any] = {"on_unknown": tool.on_unknown}
-    if tool.probe is not None:
-        policy["probe"] = probe
-    return step(step_name(call), **policy)(fn)
-
-
-class ChatCalls:
-    """``ctx.chat`` and ``ctx.call_tool`` of a workflow's context (a mixin of
-    :class:`~ninelives.replay.WorkflowContext`, whose ``step`` they call)."""
-
-    _rt: Runtime | None
-
-    def _lookup(self) -> Callable[[str], Any]:
-        if self._rt is None:  # replay-check runs no step: nothing is looked up
-            return lambda name: None
-        return self._rt.tools.lookup
-
-    def _chat_step(self, messages: Any, tools: Any, **choices: Any) -> tuple[Any, ...]:
-        request = chat_request(messages, tools=tools, **choices)
-        lookup = self._lookup()
-        if self._rt is not None:
-            check_offered(request["tools"], lookup)
-        return CHAT_STEP, lambda req: ask(req, lookup), request
-
-    def _call_step(self, call: Any) -> tuple[Any, ...]:
-        lookup = self._lookup()
-        fn = _policy(call, lookup, lambda c: run_call(c, lookup))
-        given = dict(call) if isinstance(call, Mapping) else call
-        return step_name(call), fn, given
-
-    def chat(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        tools: Sequence[str] = (),
-        system: str | None = None,
-        model: str | None = None,
-        engine: str | None = None,
-    ) -> dict[str, Any]:
-        """One durable model request: ``{"text", "tool_calls", "engine", "model",
-        "usage", "ms"}``; a committed reply is never asked again (see :mod:`ninelives.chat`)."""
-        step: Any = self.step  # type: ignore[attr-defined]
-        name, fn, request = self._chat_step(
-            messages, tools, system=system, model=model, engine=engine
-        )
-        return step(name, fn, request)  # type: ignore[no-any-return]
-
-    def call_tool(self, call: Mapping[str, Any]) -> Any:
-        """Run the registered tool a model's ``call`` names as a durable step named
-        after it; a call that cannot run returns ``{"error": ...}`` instead."""
-        step: Any = self.step  # type: ignore[attr-defined]
-        return step(*self._call_step(call))
-
-
-class AsyncChatCalls(ChatCalls):
-    """The awaited ``ctx.chat`` and ``ctx.call_tool`` of an async workflow."""
-
-    async def chat(  # type: ignore[override]
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        tools: Sequence[str] = (),
-        system: str | None = None,
-        model: str | None = None,
-        engine: str | None = None,
-    ) -> dict[str, Any]:
-        """As :meth:`ChatCalls.chat`, awaited."""
-        step: Any = self.step  # type: ignore[attr-defined]
-        name, fn, request = self._chat_step(
-            messages, tools, system=system, model=model, engine=engine
-        )
-        return await step(name, fn, request)  # type: ignore[no-any-return]
-
-    async def call_tool(self, call: Mapping[str, Any]) -> Any:
-        """As :meth:`ChatCalls.call_tool`, awaited."""
-        step: Any = self.step  # type: ignore[attr-defined]
-        return await step(*self._call_step(call))

@@ -293,9 +293,10 @@ def validate(plan: Plan, lookup: Callable[[str], Any]) -> None:
     :class:`PlanError` for an unknown name.
     """
     if plan.agent is not None:
-        from .agent import call_policy, check_spec_tools
+        from .agent import call_policy
+        from .chat import check_callable
 
-        check_spec_tools(plan.agent, lookup)
+        check_callable(plan.agent.tools, lookup)
         mode = (call_policy(plan.steps[-1].input) or {}).get("on_unknown")
         for name in plan.agent.tools if mode == "probe" else ():
             if getattr(lookup(name), "probe", None) is None:

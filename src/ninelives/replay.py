@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import crashpoints
 from .blobs import escape, needs_escape
-from .chat import ChatCalls
 from .durable import ACTIVE, CURRENT, StepFunction, Workflow, WorkflowSpec, lookup, spec_of
 from .errors import (
     CommitUnknown,
@@ -44,6 +43,7 @@ from .errors import (
 from .journal import dumps, encode_output
 from .models import AGENT_TOOL, APPROVAL_TOOL, Run, Step, StepStatus, Task
 from .policy import Limits, StepTimeout, limits_for
+from .replay_chat import ChatCalls
 
 if TYPE_CHECKING:
     from .runtime import Runtime

@@ -15,12 +15,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .chat import AsyncChatCalls
 from .durable import CURRENT
 from .errors import CommitUnknown
 from .models import Step
 from .policy import StepTimeout, limits_for
 from .replay import WorkflowContext, _caller, _encode, _policy_of, value_of
+from .replay_chat import AsyncChatCalls
 
 
 class AsyncWorkflowContext(AsyncChatCalls, WorkflowContext):

@@ -137,3 +137,35 @@ def test_the_stub_engine_runs_the_loop_with_no_server(sqlite_lab: Lab) -> None:
     assert json.loads(json.dumps(sqlite_lab.artifacts())) == {
         "stub-1+report.md": "Write up my notes"
     }
+
+
+@pytest.mark.parametrize(
+    ("arguments", "why"),
+    [
+        ('{"name": NaN}', "NaN, Infinity"),
+        ('{"name": 1e999}', "NaN, Infinity"),
+        ('{"name": ' + "[" * 40 + "]" * 40 + "}", "nest"),
+        ('{"name": ' + "[" * 982 + "]" * 982 + "}", "nest"),
+    ],
+)
+def test_arguments_no_store_can_keep_are_that_calls_error(
+    sqlite_lab: Lab, arguments: str, why: str
+) -> None:
+    """As in the plan agent: arguments with a number JSON lacks, or nested deeper
+    than a step's input may be, are refused (not kept) and the model reads why."""
+    script = (Turn(calls=[("lookup_note", arguments)]), Turn(text="Understood."))
+    with fake_model_server(*script, by_turn=True) as fake:
+        setup(sqlite_lab, fake)
+        make(sqlite_lab, "odd-args", "notes_agent")
+        done = sqlite_lab.cli("run", "odd-args")
+        assert done.returncode == 0, done.stderr
+        second = fake.requests[-1].body["messages"]
+    results = [m["content"] for m in second if m["role"] == "tool"]
+    assert len(results) == 1
+    assert results[0].startswith("error: arguments of 'lookup_note' refused"), results
+    assert why in results[0]
+    status = sqlite_lab.cli("status", "odd-args", "--json").json()
+    assert [s["tool"] for s in status["steps"]] == ["chat", "lookup_note", "chat"]
+    assert status["steps"][0]["attempts"] == 1
+    assert lookups(sqlite_lab, "odd-args") == 0
+    assert sqlite_lab.cli("verify", "odd-args").returncode == 0

@@ -17,14 +17,12 @@ before its ``done`` commit is asked again, and one committed is never asked agai
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..errors import InputError, PlanError, ToolError
+from ..chat import ask, shown_outputs
+from ..errors import PlanError
 from . import Tool
-
-_TEXT_KEYS = ("text", "summary")
 
 
 def _refs(step_input: Mapping[str, Any]) -> list[int]:
@@ -47,24 +45,10 @@ def validate(step_input: Mapping[str, Any]) -> None:
             raise PlanError(f"unknown engine {step_input['engine']!r} (known: {known})")
 
 
-def context_text(output: Any) -> str:
-    """What the model is shown of a step's output: its text, else its JSON."""
-    if isinstance(output, Mapping):
-        for key in _TEXT_KEYS:
-            if isinstance(output.get(key), str):
-                return str(output[key])
-    return json.dumps(output, ensure_ascii=False, sort_keys=True)
-
-
 def messages_for(step_input: Mapping[str, Any], ctx: Mapping[int, Any]) -> list[dict[str, Any]]:
     """The conversation one ``llm`` step sends: an optional system message, then
     one user message with each named output and the prompt."""
-    parts = []
-    for ref in _refs(step_input):
-        if ref not in ctx:
-            raise ToolError(f"step {ref} has no committed output")
-        parts.append(f"Output of step {ref}:\n{context_text(ctx[ref])}")
-    parts.append(step_input["prompt"])
+    parts = [*shown_outputs(_refs(step_input), ctx), step_input["prompt"]]
     messages: list[dict[str, Any]] = []
     if step_input.get("system"):
         messages.append({"role": "system", "content": step_input["system"]})
@@ -77,24 +61,21 @@ def make_llm(env: Mapping[str, str] | None = None) -> Tool:
     at each call, so a resumed run uses the engine configured now."""
 
     def llm(step_input: Mapping[str, Any], ctx: Mapping[int, Any], idem_key: str) -> Any:
-        from ..llm import EngineConfig, open_engine
-
         validate(step_input)
-        overrides = {k: step_input[k] for k in ("engine", "model") if step_input.get(k)}
-        try:
-            config = EngineConfig.from_env(env, **overrides)
-        except InputError as exc:
-            raise ToolError(str(exc)) from None
-        reply = open_engine(config).chat(messages_for(step_input, ctx))
-        return {
-            "text": reply.text,
-            "engine": reply.engine,
-            "model": reply.model,
-            "usage": reply.usage(),
-            "ms": reply.ms,
+        request = {
+            "messages": messages_for(step_input, ctx),
+            "tools": [],
+            **{k: step_input[k] for k in ("engine", "model") if step_input.get(k)},
         }
+        reply = ask(request, _no_tool, env)
+        del reply["tool_calls"]  # none were offered: an engine's stray calls are not kept
+        return reply
 
     return Tool(name="llm", fn=llm, validate=validate)
+
+
+def _no_tool(name: str) -> Any:
+    raise PlanError(f"unknown tool {name!r}: an llm step offers no tool")
 
 
 def make_agent(lookup: Callable[[str], Any], env: Mapping[str, str] | None = None) -> Tool:
