@@ -104,19 +104,7 @@ def parse_plan(text: str | bytes, *, name: str = "plan") -> Plan:
 
 def plan_from_dict(raw: Any) -> Plan:
     """Build a :class:`Plan` from decoded JSON, checking its shape."""
-    if _depth(raw) > MAX_DEPTH:
-        raise PlanError(f"plan is nested more than {MAX_DEPTH} levels deep")
-    try:
-        # JSON allows "\ud800", but a lone surrogate cannot be stored as UTF-8
-        # text: refuse it here rather than fail inside the store's transaction.
-        json.dumps(raw, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise PlanError("plan holds text that is not valid Unicode (a lone surrogate)") from None
-    except (TypeError, ValueError) as exc:
-        raise PlanError(f"plan is not JSON data: {exc}") from None
-    if _has_nul(raw):
-        # PostgreSQL text and jsonb cannot hold U+0000: refuse it on every backend alike.
-        raise PlanError("plan holds a NUL character (\\u0000), which cannot be stored as text")
+    _check_storable(raw)
     if not isinstance(raw, dict):
         raise PlanError("plan must be a JSON object with a 'steps' list")
     goal = raw.get("goal", "")
@@ -138,22 +126,7 @@ def plan_from_dict(raw: Any) -> Plan:
     if not isinstance(defaults, dict):
         raise PlanError("plan 'defaults' must be an object")
     check_policy(defaults, "plan 'defaults'", only=True)
-    specs = []
-    for idx, step in enumerate(steps):
-        if not isinstance(step, dict):
-            raise PlanError(f"step {idx} must be an object")
-        tool = step.get("tool")
-        if not isinstance(tool, str) or not tool:
-            raise PlanError(f"step {idx} has no tool")
-        step_input = step.get("input", {})
-        if not isinstance(step_input, dict):
-            raise PlanError(f"step {idx} input must be an object")
-        if "from" in step_input:
-            _check_from(idx, step_input["from"])
-        own = {k: step[k] for k in POLICY_KEYS if k in step}
-        check_policy(own, f"step {idx}")
-        policy = {**defaults, **own}
-        specs.append(StepSpec(tool=tool, input=step_input, policy=policy or None))
+    specs = [_step_spec(idx, step, defaults) for idx, step in enumerate(steps)]
     if agent is not None:
         from .agent import first_turn, turn_policy
         from .models import AGENT_TOOL
@@ -163,6 +136,42 @@ def plan_from_dict(raw: Any) -> Plan:
         turn = first_turn(agent, goal, len(specs), defaults)
         specs.append(StepSpec(tool=AGENT_TOOL, input=turn, policy=turn_policy(turn)))
     return Plan(goal=goal, steps=tuple(specs), agent=agent)
+
+
+def _check_storable(raw: Any) -> None:
+    """Refuse JSON data that no store can hold as text: nested too deep, a lone
+    surrogate, a NUL character, or not JSON data at all."""
+    if _depth(raw) > MAX_DEPTH:
+        raise PlanError(f"plan is nested more than {MAX_DEPTH} levels deep")
+    try:
+        # JSON allows "\ud800", but a lone surrogate cannot be stored as UTF-8
+        # text: refuse it here rather than fail inside the store's transaction.
+        json.dumps(raw, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise PlanError("plan holds text that is not valid Unicode (a lone surrogate)") from None
+    except (TypeError, ValueError) as exc:
+        raise PlanError(f"plan is not JSON data: {exc}") from None
+    if _has_nul(raw):
+        # PostgreSQL text and jsonb cannot hold U+0000: refuse it on every backend alike.
+        raise PlanError("plan holds a NUL character (\\u0000), which cannot be stored as text")
+
+
+def _step_spec(idx: int, step: Any, defaults: Mapping[str, Any]) -> StepSpec:
+    """Step ``idx`` of a plan's ``steps``, checked, its policy merged over ``defaults``."""
+    if not isinstance(step, dict):
+        raise PlanError(f"step {idx} must be an object")
+    tool = step.get("tool")
+    if not isinstance(tool, str) or not tool:
+        raise PlanError(f"step {idx} has no tool")
+    step_input = step.get("input", {})
+    if not isinstance(step_input, dict):
+        raise PlanError(f"step {idx} input must be an object")
+    if "from" in step_input:
+        _check_from(idx, step_input["from"])
+    own = {k: step[k] for k in POLICY_KEYS if k in step}
+    check_policy(own, f"step {idx}")
+    policy = {**defaults, **own}
+    return StepSpec(tool=tool, input=step_input, policy=policy or None)
 
 
 def _number(value: Any) -> bool:

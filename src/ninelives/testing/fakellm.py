@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -122,110 +122,11 @@ class FakeModelServer:
             return [turn_of(r.body) for r in self.requests]
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
-        fake = self
+        """A handler class of its own, bound to this server."""
+        server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length)
-                try:
-                    body = json.loads(raw)
-                except ValueError:
-                    body = None
-                with fake._lock:
-                    fake.requests.append(
-                        Request(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
-                    )
-                if self.path == "/api/chat":
-                    render = _ollama_reply
-                elif self.path == "/v1/chat/completions":
-                    render = _openai_reply
-                elif self.path == "/api/generate":
-                    render = _generate_reply
-                else:
-                    self._send(404, b'{"error": "not found"}')
-                    return
-                turn = fake._next(body)
-                if isinstance(turn, bytes):
-                    self._send(200, turn)
-                elif turn == "hang":
-                    fake._released.wait(fake.hang_seconds)
-                    return
-                elif turn == "garbage":
-                    self._send(200, b"<html>this is not JSON</html>")
-                elif turn == "http500":
-                    self._send(500, b'{"error": "model crashed"}')
-                elif turn == "die":
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", "4096")
-                    self.end_headers()
-                    self.wfile.write(b'{"message": {"role": "assist')
-                    self.wfile.flush()
-                    self.close_connection = True
-                elif turn == "wrong_shape":
-                    self._send(200, b'{"result": "no message here"}')
-                elif turn in ("echo_key", "echo_key_cut", "trickle", "huge"):
-                    getattr(self, f"_{turn}")()
-                elif isinstance(turn, Turn):
-                    model = body.get("model", "") if isinstance(body, dict) else ""
-                    self._send(200, _raw_arguments(json.dumps(render(turn, model))).encode())
-                else:  # pragma: no cover - a typo in a test's script
-                    raise ValueError(f"unknown scripted turn {turn!r}")
-
-            def _echo_key(self) -> None:
-                said = self.headers.get("Authorization", "")
-                lead = '{"error": {"type": "invalid_request_error", "message": "Incorrect '
-                lead += "API key provided: "
-                self._send(401, f'{lead}{said!r}; check it."}}}}'.encode())
-
-            def _echo_key_cut(self) -> None:
-                said = self.headers.get("Authorization", "").encode()
-                lead = b"upstream said:"
-                pad = b" " * (2048 - len(lead) - len(b"Bearer ") - 10)  # 10 bytes of the key fit
-                self._send(500, lead + pad + said + b" was refused")
-
-            def _trickle(self) -> None:
-                started = time.monotonic()
-                head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Pad: "
-                try:
-                    for n in range(10_000):
-                        if time.monotonic() - started > fake.hang_seconds:
-                            break
-                        self.wfile.write(head[n : n + 1] or b"a")
-                        self.wfile.flush()
-                        if fake._released.wait(1.0):
-                            break
-                except OSError:  # the client gave up: what this fault is for
-                    pass
-                self.close_connection = True
-
-            def _huge(self) -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Connection", "close")  # no length: a reader must count
-                self.end_headers()
-                chunk = b" " * (1 << 20)
-                try:
-                    for _ in range(HUGE_BYTES // len(chunk)):
-                        self.wfile.write(chunk)
-                        with fake._lock:
-                            fake.sent += len(chunk)
-                except OSError:  # the client hung up, as it should
-                    pass
-                self.close_connection = True
-
-            def _send(self, status: int, payload: bytes) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+        class Handler(ScriptedHandler):
+            fake = server
 
         return Handler
 
@@ -313,6 +214,128 @@ def _openai_reply(turn: Turn, model: str) -> dict[str, Any]:
             "total_tokens": turn.input_tokens + turn.output_tokens,
         },
     }
+
+
+#: The reply body each path answers with, rendered from a :class:`Turn`.
+RENDERERS = {
+    "/api/chat": _ollama_reply,
+    "/v1/chat/completions": _openai_reply,
+    "/api/generate": _generate_reply,
+}
+
+
+class ScriptedHandler(BaseHTTPRequestHandler):
+    """Answers each request with the next turn of :attr:`fake`'s script."""
+
+    protocol_version = "HTTP/1.1"
+    #: The server whose script and records this handler uses (set per server).
+    fake: FakeModelServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = self._record_request()
+        render = RENDERERS.get(self.path)
+        if render is None:
+            self._send(404, b'{"error": "not found"}')
+            return
+        self._answer(self.fake._next(body), body, render)
+
+    def _record_request(self) -> Any:
+        """Read the request's JSON body (None when it is not JSON) and record it."""
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length)
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        with self.fake._lock:
+            self.fake.requests.append(
+                Request(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+            )
+        return body
+
+    def _answer(
+        self, turn: Turn | str | bytes, body: Any, render: Callable[[Turn, str], dict[str, Any]]
+    ) -> None:
+        """Send ``turn``: a reply rendered in the path's format, raw bytes, or a fault."""
+        if isinstance(turn, bytes):
+            self._send(200, turn)
+        elif turn == "hang":
+            self.fake._released.wait(self.fake.hang_seconds)
+        elif turn == "garbage":
+            self._send(200, b"<html>this is not JSON</html>")
+        elif turn == "http500":
+            self._send(500, b'{"error": "model crashed"}')
+        elif turn == "wrong_shape":
+            self._send(200, b'{"result": "no message here"}')
+        elif turn in ("die", "echo_key", "echo_key_cut", "trickle", "huge"):
+            getattr(self, f"_{turn}")()
+        elif isinstance(turn, Turn):
+            model = body.get("model", "") if isinstance(body, dict) else ""
+            self._send(200, _raw_arguments(json.dumps(render(turn, model))).encode())
+        else:  # pragma: no cover - a typo in a test's script
+            raise ValueError(f"unknown scripted turn {turn!r}")
+
+    def _die(self) -> None:
+        """Headers that promise a body which breaks off, then a closed connection."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", "4096")
+        self.end_headers()
+        self.wfile.write(b'{"message": {"role": "assist')
+        self.wfile.flush()
+        self.close_connection = True
+
+    def _echo_key(self) -> None:
+        said = self.headers.get("Authorization", "")
+        lead = '{"error": {"type": "invalid_request_error", "message": "Incorrect '
+        lead += "API key provided: "
+        self._send(401, f'{lead}{said!r}; check it."}}}}'.encode())
+
+    def _echo_key_cut(self) -> None:
+        said = self.headers.get("Authorization", "").encode()
+        lead = b"upstream said:"
+        pad = b" " * (2048 - len(lead) - len(b"Bearer ") - 10)  # 10 bytes of the key fit
+        self._send(500, lead + pad + said + b" was refused")
+
+    def _trickle(self) -> None:
+        started = time.monotonic()
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Pad: "
+        try:
+            for n in range(10_000):
+                if time.monotonic() - started > self.fake.hang_seconds:
+                    break
+                self.wfile.write(head[n : n + 1] or b"a")
+                self.wfile.flush()
+                if self.fake._released.wait(1.0):
+                    break
+        except OSError:  # the client gave up: what this fault is for
+            pass
+        self.close_connection = True
+
+    def _huge(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Connection", "close")  # no length: a reader must count
+        self.end_headers()
+        chunk = b" " * (1 << 20)
+        try:
+            for _ in range(HUGE_BYTES // len(chunk)):
+                self.wfile.write(chunk)
+                with self.fake._lock:
+                    self.fake.sent += len(chunk)
+        except OSError:  # the client hung up, as it should
+            pass
+        self.close_connection = True
+
+    def _send(self, status: int, payload: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
 
 
 @contextmanager

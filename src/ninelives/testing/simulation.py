@@ -38,6 +38,7 @@ from ..journal import dumps
 from ..models import Event, EventKind, StepStatus, Task, TaskStatus, load_json_object
 
 if TYPE_CHECKING:
+    from ..settings import Settings
     from ..tools import ToolContext
 
 TASK_ID = "sim"
@@ -339,13 +340,52 @@ class _Crasher:
             raise SimulatedCrash(point, step)
 
 
+@dataclass
+class _Seed:
+    """One seed's world, as the seed draws it: folder, plan, fake tools and settings."""
+
+    where: str
+    db: str
+    artifacts: str
+    plan: dict[str, Any]
+    world: World
+    tools: Any
+    settings: Settings
+    #: Whether the task is stored already (a legacy database holds it).
+    created: bool
+
+
 def run_seed(seed: int, folder: str, config: SimConfig | None = None) -> SeedResult:
     """Simulate one seed in ``folder/seed-<seed>`` (removed again when it passes)."""
-    from ..runtime import Runtime
-    from ..settings import Settings
-    from ..store import open_store
-
     config = config or SimConfig()
+    sim = _draw_seed(seed, folder, config)
+    crasher = _Crasher(random.Random(f"{seed}:crash"), config)
+    problems: list[str] = []
+    incarnations, lost = _run_incarnations(sim, crasher, config, problems)
+    task, events = _read(sim.db)
+    duplicates = _check(task, events, sim.plan, sim.world, sim.artifacts, problems)
+    result = SeedResult(
+        seed=seed,
+        problems=tuple(problems),
+        status=task.status.value,
+        steps=len(sim.plan["steps"]),
+        incarnations=incarnations,
+        crashes=tuple(crasher.crashes),
+        recoveries=sum(1 for e in events if e.kind == EventKind.STEP_RECOVERED.value),
+        tool_failures=sum(1 for e in events if e.kind == EventKind.STEP_ERROR.value),
+        duplicates=duplicates,
+        lost_commits=lost,
+    )
+    if result.ok:
+        shutil.rmtree(sim.where, ignore_errors=True)
+    return result
+
+
+def _draw_seed(seed: int, folder: str, config: SimConfig) -> _Seed:
+    """A fresh folder, and the plan, tools and settings the seed draws; sometimes
+    a database the guide's code left behind, which the runtime must take over."""
+    from ..settings import Settings
+
     where = os.path.join(folder, f"seed-{seed}")
     shutil.rmtree(where, ignore_errors=True)
     os.makedirs(where)
@@ -373,8 +413,21 @@ def run_seed(seed: int, folder: str, config: SimConfig | None = None) -> SeedRes
         done = pure if plan_rng.random() < 0.5 else plan_rng.randint(0, pure)
         write_legacy_database(db, plan, _pure_outputs(plan, done))
         created = True
-    crasher = _Crasher(random.Random(f"{seed}:crash"), config)
-    problems: list[str] = []
+    return _Seed(
+        where=where, db=db, artifacts=artifacts, plan=plan, world=world, tools=tools,
+        settings=settings, created=created,
+    )  # fmt: skip
+
+
+def _run_incarnations(
+    sim: _Seed, crasher: _Crasher, config: SimConfig, problems: list[str]
+) -> tuple[int, int]:
+    """Open, run and (at the crasher's word) kill the task until it ends; between
+    incarnations, check that nothing acknowledged was lost. Returns how many
+    incarnations ran and how many commits were lost."""
+    from ..runtime import Runtime
+    from ..store import open_store
+
     observed: dict[int, Any] = {}
     lost = 0
     outcome: TaskStatus | None = None
@@ -388,41 +441,25 @@ def run_seed(seed: int, folder: str, config: SimConfig | None = None) -> SeedRes
                 break
             store = None
             try:
-                store = open_store(db)
-                runtime = Runtime(store, settings=settings, tools=tools)
-                if not created:
-                    runtime.create(TASK_ID, plan)
-                    created = True
+                store = open_store(sim.db)
+                runtime = Runtime(store, settings=sim.settings, tools=sim.tools)
+                if not sim.created:
+                    runtime.create(TASK_ID, sim.plan)
+                    sim.created = True
                 outcome = runtime.run(TASK_ID).status
             except SimulatedCrash:
-                if config.bug == "silent_reset" and created:
-                    _silent_reset(db)
+                if config.bug == "silent_reset" and sim.created:
+                    _silent_reset(sim.db)
             except TaskFailed:
                 outcome = TaskStatus.FAILED
             finally:
                 if store is not None:
                     store.close()  # the dead process's connection and lock go away
-            if created:
-                lost += _observe(db, observed, problems)
+            if sim.created:
+                lost += _observe(sim.db, observed, problems)
     finally:
         crashpoints.set_handler(previous)
-    task, events = _read(db)
-    duplicates = _check(task, events, plan, world, artifacts, problems)
-    result = SeedResult(
-        seed=seed,
-        problems=tuple(problems),
-        status=task.status.value,
-        steps=len(plan["steps"]),
-        incarnations=incarnations,
-        crashes=tuple(crasher.crashes),
-        recoveries=sum(1 for e in events if e.kind == EventKind.STEP_RECOVERED.value),
-        tool_failures=sum(1 for e in events if e.kind == EventKind.STEP_ERROR.value),
-        duplicates=duplicates,
-        lost_commits=lost,
-    )
-    if result.ok:
-        shutil.rmtree(where, ignore_errors=True)
-    return result
+    return incarnations, lost
 
 
 def _silent_reset(db: str) -> None:

@@ -106,47 +106,7 @@ def make_fetch(settings: Settings) -> Tool:
 
     def fetch(step_input: Mapping[str, Any], ctx: Mapping[int, Any], idem_key: str) -> Any:
         validate(step_input)
-        path = step_input["path"]
-        limit = min(MAX_FETCH_BYTES, settings.max_output)
-        what = (
-            f"fetch's limit of {limit} bytes"
-            if limit == MAX_FETCH_BYTES
-            else f"the maximum output size of {limit} bytes (NINELIVES_MAX_OUTPUT)"
-        )
-        try:
-            fd = files.open_beneath(settings.workspace, path)
-        except OSError as exc:
-            raise ToolError(f"cannot read {path}: {exc.strerror}") from None
-        try:
-            st = os.fstat(fd)
-            if st.st_nlink > 1:
-                raise ToolError(
-                    f"{path} has {st.st_nlink} hard links, so it may be a file from outside "
-                    "the workspace; fetch reads only files with one name (copy it instead)"
-                )
-            # Bounded: a huge file must be a clear step_error, not a process
-            # that runs out of memory on every attempt. One larger than what an
-            # output holds is streamed to the blob store instead, when there is one.
-            blobs = current_blobs()
-            if st.st_size > limit and blobs is not None:
-                if st.st_size > settings.max_fetch:
-                    raise ToolError(
-                        f"{path} is larger than fetch's limit of {settings.max_fetch} bytes "
-                        "(NINELIVES_MAX_FETCH)"
-                    )
-                return _fetch_to_blob(fd, path, settings.max_fetch, blobs, idem_key)
-            if st.st_size > limit:
-                raise ToolError(f"{path} is larger than {what}")
-            data = files.read_limited(fd, limit, path)
-        except OSError as exc:
-            raise ToolError(f"cannot read {path}: {exc.strerror}") from None
-        finally:
-            os.close(fd)
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ToolError(f"{path} is not UTF-8 text") from None
-        return {"chars": len(text), "sha256": sha256_hex(data), "text": text}
+        return _fetch_file(settings, step_input["path"], idem_key)
 
     return Tool(
         name="fetch",
@@ -155,6 +115,62 @@ def make_fetch(settings: Settings) -> Tool:
         schema=FETCH_SCHEMA,
         description="Read a UTF-8 text file of the workspace; returns its text and sha256.",
     )
+
+
+def _fetch_file(settings: Settings, path: str, idem_key: str) -> dict[str, Any]:
+    """``fetch``'s output for ``path`` beneath the workspace: its text read into
+    memory, or the file streamed into the blob store when it is too large."""
+    limit = min(MAX_FETCH_BYTES, settings.max_output)
+    try:
+        fd = files.open_beneath(settings.workspace, path)
+    except OSError as exc:
+        raise ToolError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        data = _read_bounded(fd, path, settings, limit, idem_key)
+    except OSError as exc:
+        raise ToolError(f"cannot read {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    if isinstance(data, dict):
+        return data  # streamed into the blob store
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ToolError(f"{path} is not UTF-8 text") from None
+    return {"chars": len(text), "sha256": sha256_hex(data), "text": text}
+
+
+def _read_bounded(
+    fd: int, path: str, settings: Settings, limit: int, idem_key: str
+) -> bytes | dict[str, Any]:
+    """The bytes of the open file, at most ``limit``; or, when it is larger and a
+    blob store is open, the output of streaming it there. Refuses a file with
+    more than one name."""
+    what = (
+        f"fetch's limit of {limit} bytes"
+        if limit == MAX_FETCH_BYTES
+        else f"the maximum output size of {limit} bytes (NINELIVES_MAX_OUTPUT)"
+    )
+    st = os.fstat(fd)
+    if st.st_nlink > 1:
+        raise ToolError(
+            f"{path} has {st.st_nlink} hard links, so it may be a file from outside "
+            "the workspace; fetch reads only files with one name (copy it instead)"
+        )
+    # Bounded: a huge file must be a clear step_error, not a process
+    # that runs out of memory on every attempt. One larger than what an
+    # output holds is streamed to the blob store instead, when there is one.
+    blobs = current_blobs()
+    if st.st_size > limit and blobs is not None:
+        if st.st_size > settings.max_fetch:
+            raise ToolError(
+                f"{path} is larger than fetch's limit of {settings.max_fetch} bytes "
+                "(NINELIVES_MAX_FETCH)"
+            )
+        return _fetch_to_blob(fd, path, settings.max_fetch, blobs, idem_key)
+    if st.st_size > limit:
+        raise ToolError(f"{path} is larger than {what}")
+    return files.read_limited(fd, limit, path)
 
 
 def _fetch_to_blob(fd: int, path: str, limit: int, blobs: Blobs, idem_key: str) -> dict[str, Any]:
