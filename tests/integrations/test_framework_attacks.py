@@ -278,3 +278,42 @@ def test_the_extras_pin_the_ranges_the_modules_check() -> None:
         pinned = f'"{distribution}>={module.SUPPORTED[0]},<{module.SUPPORTED[1]}"'
         assert re.search(rf"^{extra} = \[{re.escape(pinned)}\]$", text, re.M), extra
         assert text.count(pinned) == 2  # the extra and the test extra
+
+
+@ninelives.workflow("attack_two_loops")
+def two_loops_flow(ctx: Any, question: str) -> list[str]:
+    # Two runs on two event loops, one after the other, each with two tool
+    # calls the SDK starts at once: the second must not meet a lock of the first loop.
+    config = RunConfig(tracing_disabled=True)
+    agent = durable(scripted_oai_agent())
+    return [
+        str(asyncio.run(Runner.run(agent, question, run_config=config)).final_output)
+        for _ in range(2)
+    ]
+
+
+def test_a_sync_workflow_runs_the_sdks_agent_on_two_event_loops(
+    rt: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NOTES_LOG", str(tmp_path / "calls.log"))
+    (tmp_path / "input").mkdir()
+    (tmp_path / "input" / "a.txt").write_text("buy milk\n")
+    rt.create("t", two_loops_flow, "q")
+    # In a thread of its own: asyncio.run would drop the main thread's default
+    # loop, which Pydantic AI's run_sync in this process goes on using.
+    errors: list[BaseException] = []
+
+    def go() -> None:
+        try:
+            rt.run("t")
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=go)
+    thread.start()
+    thread.join()
+    assert errors == []
+    first, second = rt.result("t")
+    assert "t-2" in first  # each run's post, a step of its own
+    assert "t-6" in second
+    assert [s.status.value for s in rt.status("t").steps] == ["done"] * 8

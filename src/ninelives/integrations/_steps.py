@@ -63,11 +63,15 @@ def one_at_a_time() -> Any:
     their steps one after another."""
     import asyncio
 
+    # One lock per event loop: an asyncio.Lock binds to the first loop it waits
+    # on, and a sync workflow may run its agents on several loops one after
+    # another (`asyncio.run(Runner.run(...))` twice); they never overlap.
     ctx = ACTIVE.get()
-    lock = _LOCKS.get(ctx)
-    if lock is None:
-        lock = _LOCKS[ctx] = asyncio.Lock()
-    return lock
+    loop = asyncio.get_running_loop()
+    held = _LOCKS.get(ctx)
+    if held is None or held[0] is not loop:
+        held = _LOCKS[ctx] = (loop, asyncio.Lock())
+    return held[1]
 
 
 def approval(tool: str, args: Any) -> tuple[bool, str | None]:
