@@ -20,7 +20,7 @@ import pytest
 from agent_kills import create, ran, run, setup
 from agents import Agent as OAIAgent
 from agents import FunctionTool, RunConfig, Runner
-from pydantic_ai import Agent, ModelRetry
+from pydantic_ai import Agent, DeferredToolRequests, ModelRetry
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
@@ -317,3 +317,72 @@ def test_a_sync_workflow_runs_the_sdks_agent_on_two_event_loops(
     assert "t-2" in first  # each run's post, a step of its own
     assert "t-6" in second
     assert [s.status.value for s in rt.status("t").steps] == ["done"] * 8
+
+
+def one_call_then_answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """Ask for the agent's first tool once, then answer."""
+    if not any(m.kind == "response" for m in messages):
+        return ModelResponse(parts=[ToolCallPart(info.function_tools[0].name, {"n": 1}, "c1")])
+    return ModelResponse(parts=[TextPart("answered")])
+
+
+def gated_inner(output_type: Any = str) -> Agent[None, Any]:
+    inner = Agent(
+        FunctionModel(one_call_then_answer),
+        output_type=output_type,
+        capabilities=[NinelivesDurability()],
+    )
+
+    @inner.tool_plain(requires_approval=True)
+    def wire(n: int) -> int:
+        RAN.append("wire")
+        return n
+
+    return inner
+
+
+async def ask_inner(n: int) -> str:
+    RAN.append("ask_inner")
+    return str((await gated_inner().run("q")).output)
+
+
+@ninelives.workflow("attack_nested_approval")
+def nested_approval_flow(ctx: Any, question: str) -> str:
+    outer = Agent(FunctionModel(one_call_then_answer), capabilities=[NinelivesDurability()])
+    outer.tool_plain(ask_inner)
+    return str(outer.run_sync(question).output)
+
+
+def test_a_nested_run_asking_for_approval_fails_its_step_at_once(rt: Any) -> None:
+    rt.create("t", nested_approval_flow, "q")
+    with pytest.raises(ninelives.TaskFailed, match="cannot wait for a person"):
+        rt.run("t")
+    # Failed on its first attempt: the outer tool (and its effects) ran once,
+    # the gated tool never.
+    assert RAN == ["ask_inner"]
+    assert [(s.tool, s.attempts) for s in rt.status("t").steps] == [
+        ("model:agent", 1),
+        ("tool:ask_inner", 1),
+    ]
+
+
+async def ask_inner_deferred(n: int) -> str:
+    found = await gated_inner([str, DeferredToolRequests]).run("q")
+    return type(found.output).__name__
+
+
+@ninelives.workflow("attack_nested_deferred")
+def nested_deferred_flow(ctx: Any, question: str) -> str:
+    outer = Agent(FunctionModel(one_call_then_answer), capabilities=[NinelivesDurability()])
+    outer.tool_plain(ask_inner_deferred)
+    return str(outer.run_sync(question).output)
+
+
+def test_a_nested_run_that_takes_deferred_requests_gets_them(rt: Any) -> None:
+    rt.create("t", nested_deferred_flow, "q")
+    rt.run("t")
+    # As without the capability: the inner run ends with its requests, for the tool's code.
+    assert rt.result("t") == "answered"
+    steps = rt.status("t").steps
+    assert steps[1].output["value"]["return"] == "DeferredToolRequests"
+    assert "wire" not in RAN

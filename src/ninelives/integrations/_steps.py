@@ -21,6 +21,13 @@ from ..models import MAX_DEPTH
 ARGUMENT_DEPTH = MAX_DEPTH - 3
 
 
+def in_step() -> int | None:
+    """The index of the running workflow's step this code runs inside (an agent
+    run nested in another agent's tool), else None."""
+    step = CURRENT.get()
+    return step.step if ACTIVE.get() is not None and step is not None else None
+
+
 def in_workflow() -> bool:
     """True inside a running workflow and outside any of its steps: where a model
     request or a tool call should be a durable step of its own."""
