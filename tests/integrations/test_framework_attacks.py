@@ -19,7 +19,13 @@ from typing import Any
 import pytest
 from agent_kills import create, ran, run, setup
 from agents import Agent as OAIAgent
-from agents import FunctionTool, RunConfig, Runner
+from agents import FunctionTool, Model, RunConfig, Runner, Usage, function_tool
+from agents import ModelResponse as OAIResponse
+from openai.types.responses import (
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseOutputText,
+)
 from pydantic_ai import Agent, DeferredToolRequests, ModelRetry
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -28,6 +34,7 @@ import ninelives
 from ninelives.integrations import openai_agents, pydantic_ai
 from ninelives.integrations.openai_agents import durable
 from ninelives.integrations.pydantic_ai import NinelivesDurability
+from ninelives.parking import approve
 from ninelives.testing import Lab
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -386,3 +393,65 @@ def test_a_nested_run_that_takes_deferred_requests_gets_them(rt: Any) -> None:
     steps = rt.status("t").steps
     assert steps[1].output["value"]["return"] == "DeferredToolRequests"
     assert "wire" not in RAN
+
+
+class NoArguments(Model):
+    """Calls the agent's ``launch`` tool with arguments ``""`` (as some servers
+    send for a tool without parameters), then answers with what it read."""
+
+    async def get_response(self, system_instructions: Any, input: Any, *a: Any, **k: Any) -> Any:
+        items = input if isinstance(input, list) else []
+        outputs = [i["output"] for i in items if i.get("type") == "function_call_output"]
+        usage = Usage(requests=1, input_tokens=1, output_tokens=1, total_tokens=2)
+        if not outputs:
+            call = ResponseFunctionToolCall(
+                type="function_call", call_id="c1", name="launch", arguments="", id="f1"
+            )
+            return OAIResponse(output=[call], usage=usage, response_id=None)
+        message = ResponseOutputMessage(
+            type="message", id="m1", role="assistant", status="completed",
+            content=[ResponseOutputText(type="output_text", text=str(outputs), annotations=[])],
+        )  # fmt: skip
+        return OAIResponse(output=[message], usage=usage, response_id=None)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+
+@function_tool(needs_approval=True)
+def launch() -> str:
+    """Launch, once a person agrees."""
+    RAN.append("launch")
+    return "launched"
+
+
+@ninelives.workflow("attack_no_arguments")
+def no_arguments_flow(ctx: Any, question: str) -> Any:
+    agent = durable(OAIAgent(name="launcher", model=NoArguments(), tools=[launch]))
+    return Runner.run_sync(
+        agent, question, run_config=RunConfig(tracing_disabled=True)
+    ).final_output
+
+
+def test_a_gated_call_with_empty_arguments_waits_for_approval(tmp_path: Path) -> None:
+    from replies import in_thread
+
+    db = str(tmp_path / "state.db")
+
+    def run_it() -> None:
+        with ninelives.open(db) as own:
+            own.run("t")
+
+    RAN.clear()
+    with ninelives.open(db) as rt:
+        rt.create("t", no_arguments_flow, "q")
+    # Not the SDK's own interruption (a run ending with no output): ninelives' approval.
+    with pytest.raises(ninelives.TaskWaiting, match="run tool launch with"):
+        in_thread(run_it)
+    with ninelives.open(db) as rt:
+        assert [s.tool for s in rt.status("t").steps] == ["model:launcher", "approve:launch"]
+        approve(rt.store, "t", 1)
+    in_thread(run_it)
+    with ninelives.open(db) as rt:
+        assert rt.result("t") == "['launched']"
+    assert RAN == ["launch"]
