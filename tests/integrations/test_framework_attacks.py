@@ -19,8 +19,14 @@ from typing import Any
 import pytest
 from agent_kills import create, ran, run, setup
 from agents import Agent as OAIAgent
-from agents import FunctionTool, RunConfig, Runner
-from pydantic_ai import Agent, ModelRetry
+from agents import FunctionTool, Model, RunConfig, Runner, Usage, function_tool
+from agents import ModelResponse as OAIResponse
+from openai.types.responses import (
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseOutputText,
+)
+from pydantic_ai import Agent, DeferredToolRequests, ModelRetry
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
@@ -28,6 +34,7 @@ import ninelives
 from ninelives.integrations import openai_agents, pydantic_ai
 from ninelives.integrations.openai_agents import durable
 from ninelives.integrations.pydantic_ai import NinelivesDurability
+from ninelives.parking import approve
 from ninelives.testing import Lab
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -278,3 +285,173 @@ def test_the_extras_pin_the_ranges_the_modules_check() -> None:
         pinned = f'"{distribution}>={module.SUPPORTED[0]},<{module.SUPPORTED[1]}"'
         assert re.search(rf"^{extra} = \[{re.escape(pinned)}\]$", text, re.M), extra
         assert text.count(pinned) == 2  # the extra and the test extra
+
+
+@ninelives.workflow("attack_two_loops")
+def two_loops_flow(ctx: Any, question: str) -> list[str]:
+    # Two runs on two event loops, one after the other, each with two tool
+    # calls the SDK starts at once: the second must not meet a lock of the first loop.
+    config = RunConfig(tracing_disabled=True)
+    agent = durable(scripted_oai_agent())
+    return [
+        str(asyncio.run(Runner.run(agent, question, run_config=config)).final_output)
+        for _ in range(2)
+    ]
+
+
+def test_a_sync_workflow_runs_the_sdks_agent_on_two_event_loops(
+    rt: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NOTES_LOG", str(tmp_path / "calls.log"))
+    (tmp_path / "input").mkdir()
+    (tmp_path / "input" / "a.txt").write_text("buy milk\n")
+    rt.create("t", two_loops_flow, "q")
+    # In a thread of its own: asyncio.run would drop the main thread's default
+    # loop, which Pydantic AI's run_sync in this process goes on using.
+    errors: list[BaseException] = []
+
+    def go() -> None:
+        try:
+            rt.run("t")
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=go)
+    thread.start()
+    thread.join()
+    assert errors == []
+    first, second = rt.result("t")
+    assert "t-2" in first  # each run's post, a step of its own
+    assert "t-6" in second
+    assert [s.status.value for s in rt.status("t").steps] == ["done"] * 8
+
+
+def one_call_then_answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """Ask for the agent's first tool once, then answer."""
+    if not any(m.kind == "response" for m in messages):
+        return ModelResponse(parts=[ToolCallPart(info.function_tools[0].name, {"n": 1}, "c1")])
+    return ModelResponse(parts=[TextPart("answered")])
+
+
+def gated_inner(output_type: Any = str) -> Agent[None, Any]:
+    inner = Agent(
+        FunctionModel(one_call_then_answer),
+        output_type=output_type,
+        capabilities=[NinelivesDurability()],
+    )
+
+    @inner.tool_plain(requires_approval=True)
+    def wire(n: int) -> int:
+        RAN.append("wire")
+        return n
+
+    return inner
+
+
+async def ask_inner(n: int) -> str:
+    RAN.append("ask_inner")
+    return str((await gated_inner().run("q")).output)
+
+
+@ninelives.workflow("attack_nested_approval")
+def nested_approval_flow(ctx: Any, question: str) -> str:
+    outer = Agent(FunctionModel(one_call_then_answer), capabilities=[NinelivesDurability()])
+    outer.tool_plain(ask_inner)
+    return str(outer.run_sync(question).output)
+
+
+def test_a_nested_run_asking_for_approval_fails_its_step_at_once(rt: Any) -> None:
+    rt.create("t", nested_approval_flow, "q")
+    with pytest.raises(ninelives.TaskFailed, match="cannot wait for a person"):
+        rt.run("t")
+    # Failed on its first attempt: the outer tool (and its effects) ran once,
+    # the gated tool never.
+    assert RAN == ["ask_inner"]
+    assert [(s.tool, s.attempts) for s in rt.status("t").steps] == [
+        ("model:agent", 1),
+        ("tool:ask_inner", 1),
+    ]
+
+
+async def ask_inner_deferred(n: int) -> str:
+    found = await gated_inner([str, DeferredToolRequests]).run("q")
+    return type(found.output).__name__
+
+
+@ninelives.workflow("attack_nested_deferred")
+def nested_deferred_flow(ctx: Any, question: str) -> str:
+    outer = Agent(FunctionModel(one_call_then_answer), capabilities=[NinelivesDurability()])
+    outer.tool_plain(ask_inner_deferred)
+    return str(outer.run_sync(question).output)
+
+
+def test_a_nested_run_that_takes_deferred_requests_gets_them(rt: Any) -> None:
+    rt.create("t", nested_deferred_flow, "q")
+    rt.run("t")
+    # As without the capability: the inner run ends with its requests, for the tool's code.
+    assert rt.result("t") == "answered"
+    steps = rt.status("t").steps
+    assert steps[1].output["value"]["return"] == "DeferredToolRequests"
+    assert "wire" not in RAN
+
+
+class NoArguments(Model):
+    """Calls the agent's ``launch`` tool with arguments ``""`` (as some servers
+    send for a tool without parameters), then answers with what it read."""
+
+    async def get_response(self, system_instructions: Any, input: Any, *a: Any, **k: Any) -> Any:
+        items = input if isinstance(input, list) else []
+        outputs = [i["output"] for i in items if i.get("type") == "function_call_output"]
+        usage = Usage(requests=1, input_tokens=1, output_tokens=1, total_tokens=2)
+        if not outputs:
+            call = ResponseFunctionToolCall(
+                type="function_call", call_id="c1", name="launch", arguments="", id="f1"
+            )
+            return OAIResponse(output=[call], usage=usage, response_id=None)
+        message = ResponseOutputMessage(
+            type="message", id="m1", role="assistant", status="completed",
+            content=[ResponseOutputText(type="output_text", text=str(outputs), annotations=[])],
+        )  # fmt: skip
+        return OAIResponse(output=[message], usage=usage, response_id=None)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+
+@function_tool(needs_approval=True)
+def launch() -> str:
+    """Launch, once a person agrees."""
+    RAN.append("launch")
+    return "launched"
+
+
+@ninelives.workflow("attack_no_arguments")
+def no_arguments_flow(ctx: Any, question: str) -> Any:
+    agent = durable(OAIAgent(name="launcher", model=NoArguments(), tools=[launch]))
+    return Runner.run_sync(
+        agent, question, run_config=RunConfig(tracing_disabled=True)
+    ).final_output
+
+
+def test_a_gated_call_with_empty_arguments_waits_for_approval(tmp_path: Path) -> None:
+    from replies import in_thread
+
+    db = str(tmp_path / "state.db")
+
+    def run_it() -> None:
+        with ninelives.open(db) as own:
+            own.run("t")
+
+    RAN.clear()
+    with ninelives.open(db) as rt:
+        rt.create("t", no_arguments_flow, "q")
+    # Not the SDK's own interruption (a run ending with no output): ninelives' approval.
+    with pytest.raises(ninelives.TaskWaiting, match="run tool launch with"):
+        in_thread(run_it)
+    with ninelives.open(db) as rt:
+        assert [s.tool for s in rt.status("t").steps] == ["model:launcher", "approve:launch"]
+        approve(rt.store, "t", 1)
+    in_thread(run_it)
+    with ninelives.open(db) as rt:
+        assert rt.result("t") == "['launched']"
+    assert RAN == ["launch"]

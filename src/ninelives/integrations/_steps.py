@@ -21,6 +21,13 @@ from ..models import MAX_DEPTH
 ARGUMENT_DEPTH = MAX_DEPTH - 3
 
 
+def in_step() -> int | None:
+    """The index of the running workflow's step this code runs inside (an agent
+    run nested in another agent's tool), else None."""
+    step = CURRENT.get()
+    return step.step if ACTIVE.get() is not None and step is not None else None
+
+
 def in_workflow() -> bool:
     """True inside a running workflow and outside any of its steps: where a model
     request or a tool call should be a durable step of its own."""
@@ -63,11 +70,15 @@ def one_at_a_time() -> Any:
     their steps one after another."""
     import asyncio
 
+    # One lock per event loop: an asyncio.Lock binds to the first loop it waits
+    # on, and a sync workflow may run its agents on several loops one after
+    # another (`asyncio.run(Runner.run(...))` twice); they never overlap.
     ctx = ACTIVE.get()
-    lock = _LOCKS.get(ctx)
-    if lock is None:
-        lock = _LOCKS[ctx] = asyncio.Lock()
-    return lock
+    loop = asyncio.get_running_loop()
+    held = _LOCKS.get(ctx)
+    if held is None or held[0] is not loop:
+        held = _LOCKS[ctx] = (loop, asyncio.Lock())
+    return held[1]
 
 
 def approval(tool: str, args: Any) -> tuple[bool, str | None]:

@@ -40,7 +40,12 @@ a ninelives approval step ``approve:<tool name>`` before its tool step (``run``
 exits 8); ``ninelives approve TASK STEP`` lets the run go on and the tool runs
 as its step; ``--reject --note TEXT`` makes TEXT (or the SDK's own rejection
 message) the call's output, which the model reads, and the run goes on.
-Outside a workflow the SDK's own interruptions are unchanged.
+Outside a workflow the SDK's own interruptions are unchanged. The SDK itself
+asks for approval, before any ninelives code runs, when a call's arguments are
+not a JSON object it can read (not JSON, ``NaN``, an array): such a call of an
+approval tool ends the run with the SDK's ``interruptions`` inside a workflow
+too (the tool does not run); check ``result.interruptions``. Empty arguments
+(``""``, which the SDK runs as ``{}``) are stored as ``{}`` and ask the step.
 
 Replies: a model response is stored with lone surrogates replaced by U+FFFD
 (also escaped ones in call arguments) and call arguments nesting past 29 levels
@@ -249,6 +254,11 @@ def encode_response(response: ModelResponse) -> dict[str, Any]:
         arguments = item.get("arguments") if isinstance(item, dict) else None
         if isinstance(arguments, str) and nested_deeper(arguments, ARGUMENT_DEPTH):
             item["arguments"] = too_deep(arguments)
+        elif arguments == "" and item.get("type") == "function_call":
+            # The SDK runs a call with no arguments as one with `{}`, but cannot
+            # read "" for a tool's approval: it would interrupt the run, outside
+            # ninelives' approval step. Stored as `{}`, the call asks that step.
+            item["arguments"] = "{}"
         elif isinstance(arguments, str):
             item["arguments"] = scrub_json(arguments)
     return {

@@ -45,7 +45,10 @@ once per run; ``ninelives retry`` asks again).
 
 Outside a workflow, and inside a step of one (an agent run nested in another
 agent's tool is part of that tool's step), the capability does nothing: the
-agent runs as a plain agent and touches no database.
+agent runs as a plain agent and touches no database. A step cannot wait for a
+person, so a nested run's call that needs approval fails that step at once
+(``PermanentError``), unless the nested agent declares ``DeferredToolRequests``
+among its output types and so takes the requests itself.
 
 Usage is accumulated by Pydantic AI from the responses as usual; each model
 step also records ``usage`` so ``ninelives status --json`` counts the model
@@ -87,6 +90,7 @@ from ._steps import (  # noqa: E402
     ARGUMENT_DEPTH,
     approval,
     durable,
+    in_step,
     in_workflow,
     refuse,
     scrub,
@@ -202,6 +206,15 @@ class NinelivesDurability(AbstractCapability[Any]):
         order; approved, the call runs as its tool step; rejected, the model reads
         ``ToolDenied`` with the person's note. Calls deferred for external
         execution are left to the caller, as without the capability."""
+        outer = in_step()
+        if outer is not None and requests.approvals and not takes_deferred(ctx):
+            # A step cannot wait for a person: fail it at once, not once per
+            # attempt of the outer tool (each of which would run its effects again).
+            tools = ", ".join(sorted({call.tool_name for call in requests.approvals}))
+            raise PermanentError(
+                f"an agent run nested in step {outer} asks for approval of {tools}: a step "
+                "cannot wait for a person; give that tool to the workflow's own agent"
+            )
         if not in_workflow() or not requests.approvals:
             return None
         results = DeferredToolResults()
@@ -211,6 +224,16 @@ class NinelivesDurability(AbstractCapability[Any]):
                 True if approved else ToolDenied(note) if note else ToolDenied()
             )
         return results
+
+
+def takes_deferred(ctx: Any) -> bool:
+    """Whether the running agent declares ``DeferredToolRequests`` among its output
+    types (then a nested run hands its approvals to the code that started it)."""
+    from pydantic_ai.tools import DeferredToolRequests
+
+    declared = getattr(getattr(ctx, "agent", None), "output_type", None)
+    kinds = declared if isinstance(declared, (list, tuple)) else [declared]
+    return any(kind is DeferredToolRequests for kind in kinds)
 
 
 def encode_deferral(exc: ApprovalRequired | CallDeferred) -> dict[str, Any]:
