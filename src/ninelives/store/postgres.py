@@ -51,20 +51,8 @@ from ..errors import LeaseLost, StoreError, TaskBusy, TaskExists, UnknownTask
 from ..journal import dumps
 from ..models import APPROVAL_TOOL, Event, EventKind, Run, Step, StepStatus, Task, TaskStatus
 from ..plan import Plan
-from . import (
-    DEFAULT_LEASE,
-    Appended,
-    Decision,
-    Grant,
-    fencing_disabled,
-    heartbeat_disabled,
-    postgres_parking,
-    postgres_steps,
-    recovery_limit_reason,
-    retry_target,
-    step_rows,
-    task_exists,
-)
+from . import postgres_parking, postgres_steps
+from .base import DEFAULT_LEASE, Appended, Decision, Grant, fencing_disabled, heartbeat_disabled
 from .conninfo import Redactor, redact_url
 from .postgres_blobs import TableBlobs
 from .postgres_housekeeping import PostgresHousekeeping
@@ -76,6 +64,7 @@ from .postgres_session import (
     _Lease,
     _scalar,
 )
+from .rules import recovery_limit_reason, retry_target, step_rows, task_exists
 
 
 def redact(url: str) -> str:

@@ -14,8 +14,9 @@ from .. import lineage
 from ..errors import LeaseLost, StoreError, TaskCancelled, UnknownTask
 from ..journal import dumps
 from ..models import EventKind, Run, Task
-from . import Appended, task_exists
+from .base import Appended
 from .postgres_session import Conn, Q, not_running
+from .rules import task_exists
 
 if TYPE_CHECKING:
     from .postgres import PostgresStore

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 from .. import crashpoints
 from ..errors import UnknownTask
 from ..models import EventKind, Run, Step, StepStatus, Task, TaskStatus
-from . import PARK_EVENT, REFUSE_REASON, Decision, decision_target, recover_unknown
+from .base import Decision
 from .postgres_session import LOCK_TIMEOUT_MS, Conn, Q
+from .rules import PARK_EVENT, REFUSE_REASON, decision_target, recover_unknown
 
 if TYPE_CHECKING:
     from .postgres import PostgresStore

@@ -24,8 +24,9 @@ from ..errors import StoreError
 from ..journal import dumps
 from ..models import EventKind, Run, TaskStatus
 from ..policy import error_data, failure_reason
-from . import Appended, StepNotDue, appended_rows, finished_data
+from .base import Appended, StepNotDue
 from .postgres_session import Conn, Q, around_attempt, not_running
+from .rules import appended_rows, finished_data
 
 if TYPE_CHECKING:
     from .postgres import PostgresStore

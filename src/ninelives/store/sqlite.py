@@ -33,18 +33,13 @@ from ..journal import dumps
 from ..locking import BLOBS_LOCK, TaskLock, is_held, lock_folder, lock_path
 from ..models import APPROVAL_TOOL, Event, EventKind, Run, Step, StepStatus, Task, TaskStatus
 from ..policy import error_data, failure_reason
-from . import (
-    Appended,
-    Decision,
-    Grant,
-    StepNotDue,
+from . import sql, sqlite_parking
+from .base import Appended, Decision, Grant, StepNotDue, fencing_disabled
+from .rules import (
     appended_rows,
-    fencing_disabled,
     finished_data,
     recovery_limit_reason,
     retry_target,
-    sql,
-    sqlite_parking,
     step_rows,
     task_exists,
 )

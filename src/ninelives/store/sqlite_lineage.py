@@ -16,7 +16,8 @@ from .. import lineage
 from ..errors import LeaseLost, StoreError, TaskCancelled
 from ..journal import dumps
 from ..models import EventKind, Run, Task, TaskStatus
-from . import Appended, task_exists
+from .base import Appended
+from .rules import task_exists
 
 if TYPE_CHECKING:
     from .sqlite import SQLiteStore

@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Any
 from .. import crashpoints
 from ..errors import InputError, StoreError, TaskBusy
 from ..models import EventKind, Run, Step, StepStatus, Task, TaskStatus
-from . import PARK_EVENT, REFUSE_REASON, Decision, decision_target, recover_unknown, sql
+from . import sql
+from .base import Decision
+from .rules import PARK_EVENT, REFUSE_REASON, decision_target, recover_unknown
 
 if TYPE_CHECKING:
     from .sqlite import SQLiteStore

@@ -36,7 +36,8 @@ from typing import TypeVar
 
 from ..errors import StoreError, UnknownTask
 from ..models import Event, Step, Task
-from . import MissingStore, sql
+from . import sql
+from .base import MissingStore, ReadOnly
 from .sqlite_files import (
     CONTRACT_TABLES,
     header,
@@ -79,8 +80,9 @@ def _uri(path: str, **params: str) -> str:
     return f"file:{quoted}?{query}"
 
 
-class SQLiteReader(SQLiteHousekeeping):
-    """The reads of :class:`~ninelives.store.Store` on one SQLite file, opened read-only."""
+class SQLiteReader(ReadOnly, SQLiteHousekeeping):
+    """The reads of :class:`~ninelives.store.Store` on one SQLite file, opened
+    read-only; every commit is refused (:class:`~ninelives.store.ReadOnly`)."""
 
     dialect = "sqlite"
 
@@ -295,10 +297,6 @@ class SQLiteReader(SQLiteHousekeeping):
         except StoreError as exc:
             return [f"quick_check failed: {exc}"]
         return quick_check_findings(rows)
-
-    def begin_run(self, task_id: str, run_id: str, *, start_first: bool = False) -> None:
-        """Readers do not run tasks."""
-        raise StoreError(f"database {self.url} is open read-only")
 
     def close(self) -> None:
         """Close the connection and drop the read lock; idempotent."""
