@@ -17,7 +17,7 @@ from typing import Any
 
 from ninelives import cli
 from ninelives.errors import CommitUnknown, EffectUnknown, ToolError
-from ninelives.store.sqlite import SQLiteStore
+from ninelives.store.sqlite.store import SQLiteStore
 from ninelives.tools import effects
 
 MODE = sys.argv.pop(1)

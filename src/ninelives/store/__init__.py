@@ -42,7 +42,7 @@ from .rules import (
 )
 
 if TYPE_CHECKING:
-    from .postgres import PostgresStore
+    from .postgres.store import PostgresStore
 
 __all__ = [
     "DEFAULT_LEASE",
@@ -94,7 +94,9 @@ def _postgres_store() -> type[PostgresStore]:
     """The PostgresStore class, or :class:`StoreError` naming the extra to install
     when psycopg is missing or cannot be loaded here."""
     try:
-        from .postgres import PostgresStore  # the only place psycopg gets imported
+        from .postgres.store import (
+            PostgresStore,  # the only place psycopg gets imported
+        )
     except ImportError as exc:
         if (exc.name or "").startswith("ninelives"):
             raise  # our own module is broken: not the user's to fix
@@ -141,10 +143,10 @@ def open_store(
         raise StoreError(f"a sqlite: URL names an absolute path, sqlite:///path (got {url})")
     path = url.removeprefix("sqlite://") if url.startswith("sqlite:///") else url
     if readonly:
-        from .sqlite_reader import open_reader
+        from .sqlite.reader import open_reader
 
         return open_reader(path)
-    from .sqlite import SQLiteStore
+    from .sqlite.store import SQLiteStore
 
     if not create and not os.path.exists(path):
         return MissingStore(path)

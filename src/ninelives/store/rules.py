@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError, TaskExists, TaskIdRemoved
-from ..models import EventKind, Step, StepStatus, Task, TaskStatus
+from ..models import EventKind, Step, StepStatus, Task, TaskStatus, TaskSummary
 
 if TYPE_CHECKING:
     from ..plan import Plan
@@ -149,3 +149,8 @@ def recovery_limit_reason(idx: int, count: int, limit: int | None) -> str:
         "a step that kills its process every time (out of memory, a crash) "
         "would otherwise be retried forever"
     )
+
+
+def newest_first(found: list[TaskSummary], limit: int) -> list[TaskSummary]:
+    """The ``limit`` newest of ``found``, ordered as the page queries order them."""
+    return sorted(found, key=lambda s: (s.created_at, s.id), reverse=True)[:limit]

@@ -26,14 +26,16 @@ from psycopg import pq
 if not logging.getLogger("psycopg").handlers:
     logging.getLogger("psycopg").addHandler(logging.NullHandler())
 
-from .. import crashpoints
-from ..errors import CommitUnknown, StoreError, TaskBusy
-from ..journal import dumps
-from ..models import Run
-from . import sql
+from ... import crashpoints
+from ...blobs import resolve_task
+from ...errors import CommitUnknown, LeaseLost, StoreError, TaskBusy, UnknownTask
+from ...journal import dumps
+from ...models import EventKind, Run, Step, Task, TaskStatus
+from .. import sql
 
 if TYPE_CHECKING:
-    from .postgres import PostgresStore
+    from .blobs import TableBlobs
+    from .store import PostgresStore
 
 Q = sql.load_queries("postgres")
 #: How a refusal reads in the server's error: see ``fence`` in ``sql/postgres.sql``.
@@ -164,6 +166,7 @@ class Session:
     _pipe: psycopg.Pipeline | None
     _checks: list[Callable[[], None]]
     _refusals: list[Callable[[], Exception]]
+    blobs: TableBlobs
 
     # -- connections --------------------------------------------------------
 
@@ -233,7 +236,68 @@ class Session:
         except psycopg.Error:
             self._drop()
 
+    # -- the journal, the fence, the load ------------------------------------
+
+    def lost(self, run: Run) -> LeaseLost:
+        return LeaseLost(
+            f"task {run.task_id!r} was taken over by another runner (epoch {run.epoch} "
+            "is no longer current); this runner stops without writing"
+        )
+
+    def fence(self, conn: Conn, run: Run, status: TaskStatus) -> None:
+        """The first statement of every fenced transaction; a closed fence is a
+        refusal (:class:`LeaseLost`), so nothing after it is written."""
+        params = {
+            **self._lease_params(run),
+            "status": status.value,
+            "refusal": self.refusal(lambda: self.lost(run)),
+        }
+        conn.execute(Q["fence" if self._fencing else "fence_unchecked"], params)
+
+    @staticmethod
+    def journal_event(
+        conn: Conn,
+        task_id: str,
+        run_id: str,
+        kind: EventKind,
+        step: int | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        conn.execute(
+            Q["insert_event"],
+            {"id": task_id, "run": run_id, "kind": kind.value, "step": step,
+             "data": dumps(data or {})},
+        )  # fmt: skip
+
+    def load(self, conn: Conn, task_id: str, *, resolve: bool = True) -> Task:
+        """The task and its steps; outputs stored as blobs read back (checked)
+        unless ``resolve`` is False (rows as stored: escapes and references kept)."""
+        # Both sent before either reply is read: one round trip in a pipeline.
+        found = conn.execute(Q["get_task"], {"id": task_id})
+        steps = conn.execute(Q["get_steps"], {"id": task_id})
+        row = found.fetchone()
+        if row is None:
+            raise UnknownTask(f"unknown task {task_id!r}")
+        task = Task.from_row(row, tuple(Step.from_row(task_id, r) for r in steps))
+        return resolve_task(task, self.blobs.on(conn)) if resolve else task
+
     # -- transactions -------------------------------------------------------
+
+    @contextmanager
+    def transaction(self) -> Iterator[PostgresTransaction]:
+        """One write transaction (:meth:`_write`) for the shared rules."""
+        with self._write() as conn:
+            yield PostgresTransaction(self, conn)
+
+    def task_row(self, task_id: str) -> Any:
+        """``get_task``'s row of a task, read on its own, for
+        :func:`~ninelives.store.commits.cancel_aware`."""
+        with self._read() as conn:
+            return conn.execute(Q["get_task"], {"id": task_id}).fetchone()
+
+    def defer(self, check: Callable[[], None]) -> None:
+        """Run ``check`` once the replies sent so far are in, before COMMIT."""
+        self._checks.append(check)
 
     @contextmanager
     def _write(self) -> Iterator[Conn]:
@@ -322,7 +386,7 @@ class Session:
             self._drop()
             raise StoreError(f"database {self._shown}: the server closed the connection")
 
-    def _refusal(self, make: Callable[[], Exception]) -> str:
+    def refusal(self, make: Callable[[], Exception]) -> str:
         """A token for a statement of this transaction that the server fails
         when its check does not hold (a refusal: see ``fence`` in
         ``sql/postgres.sql``); the transaction then raises ``make()``."""
@@ -349,12 +413,12 @@ class Session:
         for check in checks:
             check()
 
-    def _fetch(self, cur: psycopg.Cursor[Any]) -> Any:
+    def fetch(self, cur: psycopg.Cursor[Any]) -> Any:
         """``cur.fetchone()`` once the deferred checks (the fence) have passed."""
         self._settle()
         return cur.fetchone()
 
-    def _expect_one(self, cur: psycopg.Cursor[Any], error: str) -> None:
+    def expect_one(self, cur: psycopg.Cursor[Any], error: str) -> None:
         """Defer: ``cur`` must have changed exactly one row, else StoreError(error)."""
 
         def check() -> None:
@@ -436,3 +500,64 @@ class Session:
 
     def _lease_params(self, run: Run) -> dict[str, Any]:
         return {"id": run.task_id, "epoch": run.epoch, "lease": self.lease}
+
+
+class PostgresTransaction:
+    """One pipelined write transaction of a :class:`Session`: the
+    :class:`~ninelives.store.commits.Transaction` the shared rules commit
+    through. The server's clock is ``now``; checks are deferred or refusals."""
+
+    def __init__(self, session: Session, conn: Conn) -> None:
+        self.session, self.conn = session, conn
+
+    def run(self, query: str, params: dict[str, Any]) -> None:
+        self.conn.execute(Q[query], params)
+
+    def row(self, query: str, params: dict[str, Any]) -> Any:
+        return self.session.fetch(self.conn.execute(Q[query], params))
+
+    def rows(self, query: str, params: dict[str, Any]) -> list[Any]:
+        return self.conn.execute(Q[query], params).fetchall()
+
+    def changes_one(self, query: str, params: dict[str, Any], error: str) -> None:
+        self.session.expect_one(self.conn.execute(Q[query], params), error)
+
+    def event(
+        self,
+        task_id: str,
+        run_id: str,
+        kind: EventKind,
+        step: int | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        self.session.journal_event(self.conn, task_id, run_id, kind, step, data)
+
+    def load(self, task_id: str, *, resolve: bool = True) -> Task:
+        return self.session.load(self.conn, task_id, resolve=resolve)
+
+    def fence(self, run: Run, status: TaskStatus) -> None:
+        self.session.fence(self.conn, run, status)
+
+    def fence_cancelled(self, run: Run) -> None:
+        session = self.session
+        cur = self.conn.execute(Q["fence_cancelled"], {"id": run.task_id, "epoch": run.epoch})
+
+        def check() -> None:
+            if cur.rowcount != 1:
+                raise session.lost(run)
+
+        session.defer(check)
+
+    def lock_task(self, task_id: str) -> None:
+        if self.row("task_row_lock", {"id": task_id}) is None:
+            raise UnknownTask(f"unknown task {task_id!r}")
+
+    def lock_id(self, task_id: str) -> None:
+        self.run("task_id_lock", {"id": task_id})
+
+    def step_done(self, task_id: str, idx: int, output: str) -> None:
+        refusal = self.session.refusal(not_running(task_id, idx))
+        self.run("step_done", {"id": task_id, "idx": idx, "output": output, "refusal": refusal})
+
+    def stored_folder(self, folder: str | None) -> str | None:
+        return folder

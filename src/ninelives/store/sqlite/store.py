@@ -1,4 +1,5 @@
-"""The SQLite store: stdlib ``sqlite3`` in WAL mode with ``synchronous=FULL``.
+"""The SQLite store, assembled: the Store methods over :class:`.base.SQLiteBase`;
+stdlib ``sqlite3`` in WAL mode with ``synchronous=FULL``.
 
 Connections use ``isolation_level=None`` and explicit ``BEGIN IMMEDIATE``: a
 deferred BEGIN that later needs the write lock fails at once with "database
@@ -16,335 +17,62 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from .. import crashpoints, lineage
-from ..blobs import FolderBlobs, folder_for, resolve_task
-from ..errors import (
-    CommitUnknown,
+from ... import crashpoints, lineage
+from ...errors import (
     InputError,
-    LeaseLost,
     StoreError,
     TaskBusy,
     TaskExists,
     UnknownTask,
 )
-from ..journal import dumps
-from ..locking import BLOBS_LOCK, TaskLock, is_held, lock_folder, lock_path
-from ..models import APPROVAL_TOOL, Event, EventKind, Run, Step, StepStatus, Task, TaskStatus
-from ..policy import error_data, failure_reason
-from . import sql, sqlite_parking
-from .base import Appended, Decision, Grant, StepNotDue, fencing_disabled
-from .rules import (
+from ...journal import dumps
+from ...locking import TaskLock, is_held
+from ...models import (
+    APPROVAL_TOOL,
+    Event,
+    EventKind,
+    Run,
+    Step,
+    StepStatus,
+    Task,
+    TaskStatus,
+)
+from ...policy import error_data, failure_reason
+from .. import commits
+from ..base import Appended, Decision, Grant, StepNotDue
+from ..rules import (
     appended_rows,
+    decision_target,
     finished_data,
     recovery_limit_reason,
     retry_target,
     step_rows,
     task_exists,
 )
-from .sqlite_files import (
-    CONTRACT_TABLES,
-    cannot_write,
-    check_file,
-    check_same_file,
-    check_sqlite_version,
-    identity,
-    not_ours,
+from .base import CLAIM_PAGE, Q, SQLiteBase, SQLiteTransaction, describe, lease_lost
+from .files import (
     quick_check_findings,
-    resolve,
-    resolved_folder,
     stored_folder,
-    unwritable,
 )
-from .sqlite_housekeeping import SQLiteHousekeepingWrites
 
 if TYPE_CHECKING:
-    from ..plan import Plan
-    from .sqlite_group import GroupCommitter
-
-Q = sql.load_queries("sqlite")
-T = TypeVar("T")
-BUSY_TIMEOUT = 60.0
-#: Candidate tasks a worker reads at a time while looking for one it can lock.
-CLAIM_PAGE = 64
-
-# Failures after which a write's outcome is unknown: the pages may or may not
-# have reached the disk, and SQLite may bring the row back after a crash.
-# A corrupt file is not among them: it is unusable (exit 5), and running
-# again would not help.
-_UNKNOWN_OUTCOME = ("SQLITE_IOERR", "SQLITE_FULL", "SQLITE_CANTOPEN")
-_UNKNOWN_TEXT = ("disk i/o error", "disk is full", "unable to open")
+    from ...plan import Plan
 
 
-def _error_name(exc: sqlite3.Error) -> str:
-    return getattr(exc, "sqlite_errorname", "") or ""
-
-
-def _describe(exc: sqlite3.Error) -> str:
-    return str(exc) or type(exc).__name__
-
-
-class SQLiteStore(SQLiteHousekeepingWrites):
+class SQLiteStore(SQLiteBase):
     """A :class:`~ninelives.store.Store` on one SQLite file. Not thread-safe."""
-
-    dialect = "sqlite"
-    #: Set by :meth:`join_group`: writes then commit in batches with other stores'.
-    _group: GroupCommitter | None = None
-
-    def __init__(
-        self,
-        path: str,
-        *,
-        busy_timeout: float = BUSY_TIMEOUT,
-        connect: Callable[..., sqlite3.Connection] = sqlite3.connect,
-    ) -> None:
-        """Open (creating if needed) the database at ``path`` and migrate it.
-
-        ``connect`` stands in for :func:`sqlite3.connect`; only test harnesses
-        pass it (the power-loss harness runs SQLite over a recording file layer).
-        """
-        check_sqlite_version(sqlite3.sqlite_version_info, sqlite3.sqlite_version)
-        # The real path, so every name of the file (symlinks) shares one WAL and
-        # one lock folder; hard links, FIFOs and devices are refused here.
-        self.path, st = resolve(path, create=True)
-        self.url = path
-        #: Large outputs, as files in ``<real path>.blobs/`` (:mod:`ninelives.blobs`).
-        self.blobs = FolderBlobs(
-            folder_for(self.path),
-            os.path.join(lock_folder(self.path), BLOBS_LOCK),
-            held=self.is_held,
-        )
-        self._locks: dict[str, TaskLock] = {}
-        self._busy_timeout = busy_timeout
-        self._folder_synced = False
-        self._fencing = not fencing_disabled(path)
-        if not self._fencing:
-            import sys
-
-            warning = f"ninelives: WARNING: fencing is OFF for {path} (test-only switch)"
-            print(warning, file=sys.stderr)
-        if st is None:
-            st = self._create_private(self.path)
-        try:
-            self._conn = connect(
-                self.path, isolation_level=None, timeout=busy_timeout, check_same_thread=False
-            )
-        except sqlite3.Error as exc:
-            raise self._unusable("cannot open", exc) from exc
-        try:
-            # The file connected to is the one checked: nothing swapped in a
-            # link or another file between the checks and the connection.
-            check_same_file(path, self.path, identity(st))
-            self._configure()
-        except sqlite3.Error as exc:
-            self._conn.close()
-            raise self._unusable("cannot use", exc) from exc
-        except BaseException:
-            self._conn.close()
-            raise
-
-    def _unusable(self, what: str, exc: sqlite3.Error) -> StoreError:
-        # SQLite says only "unable to open database file" (or "readonly
-        # database") when it cannot write beside the file: say why.
-        name, text = _error_name(exc), _describe(exc).lower()
-        if name.startswith(("SQLITE_CANTOPEN", "SQLITE_READONLY")) or any(
-            t in text for t in ("unable to open", "readonly database")
-        ):
-            why = unwritable(self.path)
-            if why is not None:
-                return cannot_write(self.url, why)
-        return StoreError(f"{what} database {self.url}: {_describe(exc)}")
-
-    @staticmethod
-    def _create_private(path: str) -> os.stat_result:
-        # Create the file ourselves, readable by its owner only: SQLite gives
-        # the -wal and -shm files the same mode as the database. O_NOFOLLOW and
-        # O_EXCL: a link planted at the path since it was resolved is not followed.
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        except FileExistsError:
-            try:
-                st = os.lstat(path)  # created meanwhile by another process
-            except OSError as exc:
-                raise StoreError(f"cannot create database {path}: {exc.strerror}") from None
-            check_file(path, st)  # and not a link planted since the path was resolved
-            return st
-        except OSError as exc:
-            raise StoreError(f"cannot create database {path}: {exc.strerror}") from None
-        try:
-            return os.fstat(fd)
-        finally:
-            os.close(fd)
-
-    def _configure(self) -> None:
-        conn = self._conn
-        # Everything is read and checked before the first write (the switch to
-        # WAL is one): a file that is not a database fails on the first read, a
-        # foreign or newer database is refused byte-for-byte unchanged.
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        tables = {r[0] for r in conn.execute(Q["table_names"])}
-        if tables and not CONTRACT_TABLES <= tables:
-            raise not_ours(self.url, tables)
-        steps = sql.migrations(self.dialect)
-        latest = steps[-1][0]
-        if version > latest:
-            raise StoreError(
-                f"database schema version {version} is newer than this ninelives ({latest})"
-            )
-        self._use_wal()
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.execute("PRAGMA foreign_keys=ON")
-        if version < latest:
-            self._migrate(steps)
-
-    def _use_wal(self) -> None:
-        """Switch the file to WAL, waiting like any write for another writer.
-
-        The switch turns the statement's read lock into a write lock, and SQLite
-        refuses that at once (SQLITE_BUSY, no busy handler) while another
-        connection holds the write lock: several processes opening one new
-        database together race this way. So the loser looks again, until the
-        busy timeout.
-        """
-        conn = self._conn
-        deadline = time.monotonic() + self._busy_timeout
-        while conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-            try:
-                conn.execute("PRAGMA journal_mode=WAL")
-            except sqlite3.OperationalError as exc:
-                if _error_name(exc) != "SQLITE_BUSY" or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.01)
-
-    def _migrate(self, steps: list[tuple[int, str, str]]) -> None:
-        with self._write() as conn:
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            for number, _name, path in steps:
-                if number > version:
-                    for statement in sql.statements(path):
-                        conn.execute(statement)
-                        crashpoints.crash("migration_statement", number)
-            crashpoints.crash("migration_before_commit")
-            conn.execute(f"PRAGMA user_version = {int(steps[-1][0])}")
-
-    # -- transactions -------------------------------------------------------
-
-    def join_group(self, group: GroupCommitter) -> None:
-        """Write through ``group`` from now on (group commit, :mod:`.sqlite_group`)."""
-        group.attach()
-        self._group = group
-
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        if self._group is not None:
-            with self._group.write() as conn:
-                yield conn
-            return
-        conn = self._conn
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot start a write on {self.url}: {_describe(exc)}") from exc
-        try:
-            if not self._folder_synced:
-                self._sync_folder()
-            yield conn
-            conn.execute("COMMIT")
-        except BaseException as exc:
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass  # already rolled back by SQLite, or the file is gone
-            if isinstance(exc, sqlite3.IntegrityError):
-                raise
-            if isinstance(exc, sqlite3.Error):
-                raise self._translate(exc) from exc
-            raise
-
-    def _sync_folder(self) -> None:
-        # SQLite fsyncs the folder when it creates the WAL but ignores a failure
-        # of that fsync. The WAL's name must be durable before a commit in it is
-        # acknowledged, so the first write fsyncs the folder (the WAL is open by
-        # then) and stops if that fails.
-        folder = os.path.dirname(self.path)
-        try:
-            fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            # An I/O error inside a write transaction, like any other: exit 6.
-            raise CommitUnknown(
-                f"fsync of the database folder {folder} failed ({exc.strerror}); stopping "
-                "before writing: the next run recovers"
-            ) from None
-        self._folder_synced = True
-
-    def _translate(self, exc: sqlite3.Error) -> StoreError:
-        name, text = _error_name(exc), _describe(exc).lower()
-        if name.startswith(_UNKNOWN_OUTCOME) or any(t in text for t in _UNKNOWN_TEXT):
-            return CommitUnknown(
-                f"write to {self.url} failed ({_describe(exc)}); its outcome is unknown, "
-                "stopping now: the next run recovers"
-            )
-        return StoreError(f"database {self.url}: {_describe(exc)}")
-
-    @contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
-        conn = self._conn
-        try:
-            conn.execute("BEGIN")
-            try:
-                yield conn
-            finally:
-                conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot read database {self.url}: {_describe(exc)}") from exc
-
-    def _reading(self, read: Callable[[sqlite3.Connection], T]) -> T:
-        with self._read() as conn:
-            return read(conn)
-
-    @staticmethod
-    def _event(
-        conn: sqlite3.Connection,
-        task_id: str,
-        run_id: str,
-        kind: EventKind,
-        step: int | None = None,
-        data: dict[str, Any] | None = None,
-        now: float | None = None,
-    ) -> None:
-        conn.execute(
-            Q["insert_event"],
-            {
-                "now": time.time() if now is None else now,
-                "id": task_id,
-                "run": run_id,
-                "kind": kind.value,
-                "step": step,
-                "data": dumps(data or {}),
-            },
-        )
-
-    def _fence(self, conn: sqlite3.Connection, run: Run, status: TaskStatus, now: float) -> None:
-        params = {"status": status.value, "now": now, "id": run.task_id, "epoch": run.epoch}
-        if status is TaskStatus.RUNNING:  # the common case: a step inside a run
-            query = Q["fence_read" if self._fencing else "fence_read_unchecked"]
-            row = conn.execute(query, params).fetchone()
-            if row is None:
-                raise _lease_lost(run)
-            if row[0] == TaskStatus.RUNNING.value:
-                return
-        if conn.execute(Q["fence" if self._fencing else "fence_unchecked"], params).rowcount != 1:
-            raise _lease_lost(run)
 
     # -- the Store protocol -------------------------------------------------
 
     def create_task(
-        self, task_id: str, plan: Plan, *, queue: str | None = None, artifacts: str | None = None
+        self,
+        task_id: str,
+        plan: Plan,
+        *,
+        queue: str | None = None,
+        artifacts: str | None = None,
     ) -> Task:
         now = time.time()
         run_id = os.urandom(16).hex()
@@ -363,7 +91,7 @@ class SQLiteStore(SQLiteHousekeepingWrites):
                 )  # fmt: skip
                 rows = step_rows(task_id, plan)
                 conn.executemany(Q["insert_step"], rows)
-                self._event(
+                self.journal_event(
                     conn, task_id, run_id, EventKind.TASK_CREATED, None,
                     {"steps": len(plan.steps)}, now,
                 )  # fmt: skip
@@ -383,18 +111,7 @@ class SQLiteStore(SQLiteHousekeepingWrites):
 
     def get_task(self, task_id: str) -> Task:
         with self._read() as conn:
-            return self._load(conn, task_id)
-
-    def _load(self, conn: sqlite3.Connection, task_id: str, *, resolve: bool = True) -> Task:
-        """The task and its steps; outputs stored as blobs read back (checked)
-        unless ``resolve`` is False (rows as stored: escapes and references kept)."""
-        row = conn.execute(Q["get_task"], {"id": task_id}).fetchone()
-        if row is None:
-            raise UnknownTask(f"unknown task {task_id!r}")
-        steps = conn.execute(Q["get_steps"], {"id": task_id})
-        task = Task.from_row(row, tuple(Step.from_row(task_id, r) for r in steps))
-        task = task._replace(artifacts=resolved_folder(self.path, task.artifacts))
-        return resolve_task(task, self.blobs) if resolve else task
+            return self.load(conn, task_id)
 
     def task_ids(self) -> list[str]:
         with self._read() as conn:
@@ -486,24 +203,6 @@ class SQLiteStore(SQLiteHousekeepingWrites):
             if len(page) < CLAIM_PAGE:
                 return None
 
-    def _held(self, task_id: str) -> bool:
-        """Whether a live process holds the task's lock; creates no lock file."""
-        if not os.path.exists(lock_path(self.path, task_id)):
-            return False
-        try:
-            self._lock(task_id).release()
-        except TaskBusy:
-            return True
-        return False
-
-    def _lock(self, task_id: str) -> TaskLock:
-        lock = TaskLock(self.path, task_id)
-        try:
-            lock.acquire()
-        except OSError as exc:
-            raise StoreError(f"cannot lock task {task_id!r}: {exc.strerror}") from None
-        return lock
-
     def _claim(
         self,
         task_id: str,
@@ -522,7 +221,7 @@ class SQLiteStore(SQLiteHousekeepingWrites):
         ``check`` sees the task first; if it raises, nothing is written."""
         now = time.time()
         with self._write() as conn:
-            found = self._load(conn, task_id)  # DamagedTask here writes nothing
+            found = self.load(conn, task_id)  # DamagedTask here writes nothing
             if queue is None and found.status is TaskStatus.CANCELLED:
                 raise lineage.cancelled(task_id)
             if queue is not None or check is not None:
@@ -544,8 +243,8 @@ class SQLiteStore(SQLiteHousekeepingWrites):
                 status=TaskStatus.RUNNING if found.status is TaskStatus.PENDING else found.status,
             )
             recovered = [s.idx for s in task.steps if s.status is StepStatus.RUNNING]
-            rerun, probing = sqlite_parking.recover(
-                self, conn, task, run_id, recovered, on_unknown, now
+            rerun, probing = commits.recover(
+                SQLiteTransaction(self, conn, now), task_id, run_id, recovered, on_unknown, task
             )
             worn_out: tuple[int, int] | None = None
             for idx in rerun:
@@ -554,8 +253,8 @@ class SQLiteStore(SQLiteHousekeepingWrites):
                     count = int(times.fetchone()[0]) + 1
                     if count > max_recoveries:
                         worn_out = (idx, count)
-                self._event(conn, task_id, run_id, EventKind.STEP_RECOVERED, idx, None, now)
-            self._event(
+                self.journal_event(conn, task_id, run_id, EventKind.STEP_RECOVERED, idx, None, now)
+            self.journal_event(
                 conn, task_id, run_id, EventKind.RUN_STARTED, None,
                 {"recovered": recovered}, now,
             )  # fmt: skip
@@ -568,7 +267,7 @@ class SQLiteStore(SQLiteHousekeepingWrites):
             )
             crashpoints.crash("recovery_before_commit")
             if recovered or worn_out is not None:
-                task = self._load(conn, task_id)  # recovery changed steps: read them back
+                task = self.load(conn, task_id)  # recovery changed steps: read them back
             elif started is not None:
                 idx, attempt = started
                 steps = tuple(
@@ -597,7 +296,7 @@ class SQLiteStore(SQLiteHousekeepingWrites):
         conn.execute(Q["step_failed"], {"id": task_id, "idx": idx})
         conn.execute(Q["fail_task"], {"id": task_id, "now": now})
         data = {"reason": recovery_limit_reason(idx, count, limit)}
-        self._event(conn, task_id, run_id, EventKind.TASK_FAILED, idx, data, now)
+        self.journal_event(conn, task_id, run_id, EventKind.TASK_FAILED, idx, data, now)
 
     def _start_first(
         self,
@@ -617,7 +316,7 @@ class SQLiteStore(SQLiteHousekeepingWrites):
             return None  # waiting out its backoff: the runner waits, then starts it
         attempt = int(started[0])
         version = tool_version(tool) if tool_version is not None else None
-        self._event(
+        self.journal_event(
             conn, task_id, run_id, EventKind.STEP_STARTED, idx,
             lineage.started_data(tool, attempt, version), now,
         )  # fmt: skip
@@ -631,15 +330,16 @@ class SQLiteStore(SQLiteHousekeepingWrites):
         try:
             row = self._conn.execute(Q["get_task"], {"id": run.task_id}).fetchone()
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot read database {self.url}: {_describe(exc)}") from exc
+            raise StoreError(f"cannot read database {self.url}: {describe(exc)}") from exc
         if row is None or row[5] != run.epoch:
-            raise _lease_lost(run)
+            raise lease_lost(run)
 
     def abandon_run(self, run: Run) -> None:
         try:
             with self._write() as conn:
                 conn.execute(
-                    Q["abandon"], {"id": run.task_id, "epoch": run.epoch, "now": time.time()}
+                    Q["abandon"],
+                    {"id": run.task_id, "epoch": run.epoch, "now": time.time()},
                 )
         except (StoreError, sqlite3.Error):
             pass  # the kernel lock dies with this process anyway
@@ -652,7 +352,7 @@ class SQLiteStore(SQLiteHousekeepingWrites):
     def start_step(self, run: Run, idx: int, tool: str, *, tool_version: str | None = None) -> int:
         now = time.time()
         with self._cancel_aware(run), self._write() as conn:
-            self._fence(conn, run, TaskStatus.RUNNING, now)
+            self.fence(conn, run, TaskStatus.RUNNING, now)
             params = {"id": run.task_id, "idx": idx, "now": now}
             row = conn.execute(Q["step_running"], params).fetchone()
             if row is None:
@@ -661,16 +361,16 @@ class SQLiteStore(SQLiteHousekeepingWrites):
                     raise StepNotDue(run.task_id, idx, float(left[0]))
                 raise StoreError(f"task {run.task_id!r} step {idx} is not pending")
             attempt = int(row[0])
-            self._event(
+            self.journal_event(
                 conn, run.task_id, run.run_id, EventKind.STEP_STARTED, idx,
                 lineage.started_data(tool, attempt, tool_version), now,
             )  # fmt: skip
         return attempt
 
     def _cancel_aware(self, run: Run, *settle: Any) -> AbstractContextManager[None]:
-        from . import sqlite_lineage
-
-        return sqlite_lineage.cancel_aware(self, run, *settle)
+        return commits.cancel_aware(
+            run, lambda: self.task_row(run.task_id), self.transaction, *settle
+        )
 
     def finish_step(
         self,
@@ -685,23 +385,28 @@ class SQLiteStore(SQLiteHousekeepingWrites):
     ) -> None:
         now = time.time()
         status = TaskStatus.FAILED if fail else TaskStatus.DONE if last else TaskStatus.RUNNING
-        with self._cancel_aware(run, "finish", idx, tool, output), self._write() as conn:
-            self._fence(conn, run, status, now)
+        with (
+            self._cancel_aware(run, "finish", idx, tool, output),
+            self._write() as conn,
+        ):
+            self.fence(conn, run, status, now)
             cur = conn.execute(Q["step_done"], {"id": run.task_id, "idx": idx, "output": output})
             if cur.rowcount != 1:
                 raise StoreError(f"task {run.task_id!r} step {idx} is not running")
-            self._event(
+            self.journal_event(
                 conn, run.task_id, run.run_id, EventKind.STEP_FINISHED, idx,
                 finished_data(tool, output), now,
             )  # fmt: skip
             self._append(conn, run.task_id, run.run_id, idx, append, now)
             if fail:
-                self._event(
+                self.journal_event(
                     conn, run.task_id, run.run_id, EventKind.TASK_FAILED, None,
                     {"reason": fail}, now,
                 )  # fmt: skip
             elif last:
-                self._event(conn, run.task_id, run.run_id, EventKind.TASK_DONE, None, None, now)
+                self.journal_event(
+                    conn, run.task_id, run.run_id, EventKind.TASK_DONE, None, None, now
+                )
 
     def _append(
         self,
@@ -721,14 +426,12 @@ class SQLiteStore(SQLiteHousekeepingWrites):
                     f"task {task_id!r} already has a step {row['idx']}: steps are only "
                     "appended at the end"
                 ) from exc
-            self._event(
+            self.journal_event(
                 conn, task_id, run_id, EventKind.STEP_APPENDED, row["idx"],
                 {"tool": row["tool"], "by": by}, now,
             )  # fmt: skip
         if append:
-            from .sqlite_lineage import extend_plan
-
-            extend_plan(conn, task_id, by + 1, append)
+            commits.extend_plan(SQLiteTransaction(self, conn, now), task_id, by + 1, append)
 
     def record_error(
         self,
@@ -743,7 +446,7 @@ class SQLiteStore(SQLiteHousekeepingWrites):
     ) -> bool:
         now = time.time()
         with self._cancel_aware(run, "error", idx, error), self._write() as conn:
-            self._fence(conn, run, TaskStatus.RUNNING, now)
+            self.fence(conn, run, TaskStatus.RUNNING, now)
             row = conn.execute(
                 Q["step_back"],
                 {"id": run.task_id, "idx": idx, "status": "pending", "now": now,
@@ -755,14 +458,14 @@ class SQLiteStore(SQLiteHousekeepingWrites):
             failed = permanent or attempts >= max_attempts
             why = ("permanent" if permanent else "attempt_limit") if failed else None
             data = error_data(error, attempts, detail, why=why, retry_at=retry_at, delay=delay)
-            self._event(conn, run.task_id, run.run_id, EventKind.STEP_ERROR, idx, data, now)
+            self.journal_event(conn, run.task_id, run.run_id, EventKind.STEP_ERROR, idx, data, now)
             if not failed:
                 crashpoints.crash("error_before_commit", idx)
                 return False
             conn.execute(Q["step_failed"], {"id": run.task_id, "idx": idx})
-            self._fence(conn, run, TaskStatus.FAILED, now)
+            self.fence(conn, run, TaskStatus.FAILED, now)
             reason = failure_reason(idx, attempts, error, permanent=permanent)
-            self._event(
+            self.journal_event(
                 conn, run.task_id, run.run_id, EventKind.TASK_FAILED, idx,
                 {"reason": reason, "why": why}, now,
             )  # fmt: skip
@@ -772,11 +475,11 @@ class SQLiteStore(SQLiteHousekeepingWrites):
     def checkpoint(self, run: Run, idx: int, progress: str) -> None:
         now = time.time()
         with self._cancel_aware(run), self._write() as conn:
-            self._fence(conn, run, TaskStatus.RUNNING, now)
+            self.fence(conn, run, TaskStatus.RUNNING, now)
             params = {"id": run.task_id, "idx": idx, "progress": progress}
             if conn.execute(Q["step_progress"], params).rowcount != 1:
                 raise StoreError(f"task {run.task_id!r} step {idx} is not running")
-            self._event(
+            self.journal_event(
                 conn, run.task_id, run.run_id, EventKind.STEP_PROGRESS, idx,
                 {"progress": json.loads(progress)}, now,
             )  # fmt: skip
@@ -786,8 +489,8 @@ class SQLiteStore(SQLiteHousekeepingWrites):
         now = time.time()
         data = {"result": json.loads(result)} if result is not None else None
         with self._cancel_aware(run), self._write() as conn:
-            self._fence(conn, run, TaskStatus.DONE, now)
-            self._event(conn, run.task_id, run.run_id, EventKind.TASK_DONE, None, data, now)
+            self.fence(conn, run, TaskStatus.DONE, now)
+            self.journal_event(conn, run.task_id, run.run_id, EventKind.TASK_DONE, None, data, now)
 
     def append_step(
         self,
@@ -800,9 +503,10 @@ class SQLiteStore(SQLiteHousekeepingWrites):
         tool_version: str | None = None,
         delay: float | None = None,
     ) -> int:
-        from .sqlite_lineage import append_step
-
-        return append_step(self, run, idx, tool, given, policy, tool_version, delay)
+        with self._cancel_aware(run), self.transaction() as tx:
+            return commits.append(
+                tx, run, idx, tool, given, policy=policy, tool_version=tool_version, delay=delay
+            )
 
     def end_run(self, run: Run) -> None:
         lock = self._locks.pop(run.run_id, None)
@@ -810,47 +514,64 @@ class SQLiteStore(SQLiteHousekeepingWrites):
             lock.release()
 
     def retry_task(
-        self, task_id: str, run_id: str, *, step: int | None = None, grant: Grant | None = None
+        self,
+        task_id: str,
+        run_id: str,
+        *,
+        step: int | None = None,
+        grant: Grant | None = None,
     ) -> Task:
-        with self._read() as conn:  # refusals before any lock file is made
-            found = self._load(conn, task_id)
-        try:
+        def check(found: Task) -> None:
             if grant is None or step is not None or grant(found) is None:
                 retry_target(found, step)
+
+        with self._operator(task_id, check) as tx:
+            conn, now = tx.conn, tx.now
+            task = self.load(conn, task_id)
+            granted = grant(task) if grant is not None and step is None else None
+            if granted is not None:
+                by, append, data = granted
+                self._append(conn, task_id, run_id, by, append, now)
+                conn.execute(Q["retry_task"], {"id": task_id, "now": now})
+                self.journal_event(conn, task_id, run_id, EventKind.TASK_RETRIED, None, data, now)
+            else:
+                idx = retry_target(task, step)
+                conn.execute(Q["retry_task"], {"id": task_id, "now": now})
+                conn.execute(Q["retry_step"], {"id": task_id, "idx": idx})
+                attempts = task.steps[idx].attempts
+                self.journal_event(
+                    conn, task_id, run_id, EventKind.TASK_RETRIED, idx,
+                    {"attempts": attempts}, now,
+                )  # fmt: skip
+        return self.get_task(task_id)
+
+    @contextmanager
+    def _operator(
+        self, task_id: str, check: Callable[[Task], object]
+    ) -> Iterator[SQLiteTransaction]:
+        """A person's command on a task (retry, a decision): ``check`` refuses it
+        before any lock file is made, then the transaction holds the task's kernel
+        lock (:class:`TaskBusy` at once while a runner holds it)."""
+        with self._read() as conn:
+            found = self.load(conn, task_id)
+        try:
+            check(found)
         except InputError:
             if self._held(task_id):
                 raise TaskBusy(f"task {task_id!r} is being run by another process") from None
             raise
-        lock = self._lock(task_id)  # TaskBusy at once while a runner holds it
+        lock = self._lock(task_id)
         try:
-            now = time.time()
-            with self._write() as conn:
-                task = self._load(conn, task_id)
-                granted = grant(task) if grant is not None and step is None else None
-                if granted is not None:
-                    by, append, data = granted
-                    self._append(conn, task_id, run_id, by, append, now)
-                    conn.execute(Q["retry_task"], {"id": task_id, "now": now})
-                    self._event(conn, task_id, run_id, EventKind.TASK_RETRIED, None, data, now)
-                else:
-                    idx = retry_target(task, step)
-                    conn.execute(Q["retry_task"], {"id": task_id, "now": now})
-                    conn.execute(Q["retry_step"], {"id": task_id, "idx": idx})
-                    attempts = task.steps[idx].attempts
-                    self._event(
-                        conn, task_id, run_id, EventKind.TASK_RETRIED, idx,
-                        {"attempts": attempts}, now,
-                    )  # fmt: skip
+            with self.transaction() as tx:
+                yield tx
         finally:
             lock.release()
-        return self.get_task(task_id)
 
     def cancel_task(
         self, task_id: str, run_id: str, *, reason: str | None = None
     ) -> tuple[Task, bool]:
-        from .sqlite_lineage import cancel_task
-
-        return cancel_task(self, task_id, run_id, reason)
+        with self.transaction() as tx:
+            return commits.cancel(tx, task_id, run_id, reason)
 
     def fork_task(
         self,
@@ -862,25 +583,29 @@ class SQLiteStore(SQLiteHousekeepingWrites):
         queue: str | None = None,
         artifacts: str | None = None,
     ) -> Task:
-        from .sqlite_lineage import fork_task
-
         try:
-            return fork_task(
-                self, source_id, new_id, start, run_id, queue=queue, artifacts=artifacts
-            )
+            with self.transaction() as tx:
+                return commits.fork(
+                    tx, source_id, new_id, start, run_id, queue=queue, artifacts=artifacts
+                )
         except sqlite3.IntegrityError as exc:
             raise TaskExists(f"task {new_id!r} already exists") from exc
 
     def park_step(self, run: Run, idx: int, status: StepStatus, data: dict[str, Any]) -> None:
-        sqlite_parking.park_step(self, run, idx, status, data)
+        with self.transaction() as tx:
+            tx.fence(run, TaskStatus(status.value))
+            commits.park(tx, run.task_id, run.run_id, idx, status, data)
 
     def settle_step(
         self, run: Run, idx: int, *, output: str | None = None, block: str | None = None
     ) -> None:
-        sqlite_parking.settle_step(self, run, idx, output=output, block=block)
+        with self.transaction() as tx:
+            commits.settle(tx, run, idx, output=output, block=block)
 
     def decide_step(self, task_id: str, run_id: str, idx: int, decision: Decision) -> Task:
-        return sqlite_parking.decide_step(self, task_id, run_id, idx, decision)
+        with self._operator(task_id, lambda found: decision_target(found, idx, decision)) as tx:
+            commits.decide(tx, task_id, run_id, idx, decision)
+        return self.get_task(task_id)
 
     def events(self, task_id: str) -> list[Event]:
         with self._read() as conn:
@@ -902,7 +627,7 @@ class SQLiteStore(SQLiteHousekeepingWrites):
         try:
             rows = self._conn.execute("PRAGMA quick_check").fetchall()
         except sqlite3.Error as exc:
-            return [f"quick_check failed: {_describe(exc)}"]
+            return [f"quick_check failed: {describe(exc)}"]
         return quick_check_findings(rows)
 
     def close(self) -> None:
@@ -913,10 +638,3 @@ class SQLiteStore(SQLiteHousekeepingWrites):
             self._group.detach()
             self._group = None
         self._conn.close()
-
-
-def _lease_lost(run: Run) -> LeaseLost:
-    return LeaseLost(
-        f"task {run.task_id!r} was taken over by another runner (epoch {run.epoch} "
-        "is no longer current); this runner stops without writing"
-    )

@@ -19,17 +19,18 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg import errors as pg_errors
 
-from .. import crashpoints, lineage
-from ..errors import StoreError
-from ..journal import dumps
-from ..models import EventKind, Run, TaskStatus
-from ..policy import error_data, failure_reason
-from .base import Appended, StepNotDue
-from .postgres_session import Conn, Q, around_attempt, not_running
-from .rules import appended_rows, finished_data
+from ... import crashpoints, lineage
+from ...errors import StoreError
+from ...journal import dumps
+from ...models import EventKind, Run, TaskStatus
+from ...policy import error_data, failure_reason
+from ..base import Appended, StepNotDue
+from ..commits import extend_plan
+from ..rules import appended_rows, finished_data
+from .base import Conn, PostgresTransaction, Q, around_attempt, not_running
 
 if TYPE_CHECKING:
-    from .postgres import PostgresStore
+    from .store import PostgresStore
 
 
 class _NotStartable(StoreError):
@@ -37,7 +38,12 @@ class _NotStartable(StoreError):
 
 
 def start_step(
-    store: PostgresStore, run: Run, idx: int, tool: str, *, tool_version: str | None = None
+    store: PostgresStore,
+    run: Run,
+    idx: int,
+    tool: str,
+    *,
+    tool_version: str | None = None,
 ) -> int:
     """See :meth:`ninelives.store.Store.start_step`: one statement, the fence first."""
     sent = time.monotonic()
@@ -48,8 +54,8 @@ def start_step(
             params = {
                 **store._lease_params(run), "status": TaskStatus.RUNNING.value,
                 "idx": idx, "run": run.run_id, "head": head, "tail": tail,
-                "fence": store._refusal(lambda: store._lost(run)),
-                "refusal": store._refusal(_NotStartable),
+                "fence": store.refusal(lambda: store.lost(run)),
+                "refusal": store.refusal(_NotStartable),
             }  # fmt: skip
             row = store._one("start_step", params).fetchone()
     except _NotStartable:
@@ -100,30 +106,35 @@ def finish_step(
                 {**store._lease_params(run), "status": status.value, "idx": idx,
                  "run": run.run_id, "output": output,
                  "data": dumps(finished_data(tool, output)), "then": then,
-                 "then_data": then_data, "fence": store._refusal(lambda: store._lost(run)),
-                 "refusal": store._refusal(not_running(run.task_id, idx))},
+                 "then_data": then_data, "fence": store.refusal(lambda: store.lost(run)),
+                 "refusal": store.refusal(not_running(run.task_id, idx))},
             )  # fmt: skip
         store._after_commit(run, sent)
         return
     try:
         with store._cancel_aware(run, *owed), store._write() as conn:
-            store._fence(conn, run, status)
-            refusal = store._refusal(not_running(run.task_id, idx))
+            store.fence(conn, run, status)
+            refusal = store.refusal(not_running(run.task_id, idx))
             conn.execute(
                 Q["step_done"],
                 {"id": run.task_id, "idx": idx, "output": output, "refusal": refusal},
             )
-            store._event(
+            store.journal_event(
                 conn, run.task_id, run.run_id, EventKind.STEP_FINISHED, idx,
                 finished_data(tool, output),
             )  # fmt: skip
             append_steps(store, conn, run.task_id, run.run_id, idx, append)
             if fail:
-                store._event(
-                    conn, run.task_id, run.run_id, EventKind.TASK_FAILED, None, {"reason": fail}
+                store.journal_event(
+                    conn,
+                    run.task_id,
+                    run.run_id,
+                    EventKind.TASK_FAILED,
+                    None,
+                    {"reason": fail},
                 )
             elif last:
-                store._event(conn, run.task_id, run.run_id, EventKind.TASK_DONE)
+                store.journal_event(conn, run.task_id, run.run_id, EventKind.TASK_DONE)
     except pg_errors.UniqueViolation as exc:
         raise StoreError(
             f"task {run.task_id!r} already has a step at an index appended after {idx}: "
@@ -147,11 +158,16 @@ def record_error(
     attempt count, so the commit waits for it (two round trips)."""
     sent = time.monotonic()
     with store._cancel_aware(run, "error", idx, error), store._write() as conn:
-        store._fence(conn, run, TaskStatus.RUNNING)
-        row = store._fetch(
+        store.fence(conn, run, TaskStatus.RUNNING)
+        row = store.fetch(
             conn.execute(
                 Q["step_back"],
-                {"id": run.task_id, "idx": idx, "status": "pending", "delay": delay or None},
+                {
+                    "id": run.task_id,
+                    "idx": idx,
+                    "status": "pending",
+                    "delay": delay or None,
+                },
             )
         )
         if row is None:
@@ -160,12 +176,12 @@ def record_error(
         failed = permanent or attempts >= max_attempts
         why = ("permanent" if permanent else "attempt_limit") if failed else None
         data = error_data(error, attempts, detail, why=why, retry_at=retry_at, delay=delay)
-        store._event(conn, run.task_id, run.run_id, EventKind.STEP_ERROR, idx, data)
+        store.journal_event(conn, run.task_id, run.run_id, EventKind.STEP_ERROR, idx, data)
         if failed:
             conn.execute(Q["step_failed"], {"id": run.task_id, "idx": idx})
-            store._fence(conn, run, TaskStatus.FAILED)
+            store.fence(conn, run, TaskStatus.FAILED)
             reason = failure_reason(idx, attempts, error, permanent=permanent)
-            store._event(
+            store.journal_event(
                 conn, run.task_id, run.run_id, EventKind.TASK_FAILED, idx,
                 {"reason": reason, "why": why},
             )  # fmt: skip
@@ -178,13 +194,13 @@ def checkpoint(store: PostgresStore, run: Run, idx: int, progress: str) -> None:
     """See :meth:`ninelives.store.Store.checkpoint`: one round trip."""
     sent = time.monotonic()
     with store._cancel_aware(run), store._write() as conn:
-        store._fence(conn, run, TaskStatus.RUNNING)
-        refusal = store._refusal(not_running(run.task_id, idx))
+        store.fence(conn, run, TaskStatus.RUNNING)
+        refusal = store.refusal(not_running(run.task_id, idx))
         conn.execute(
             Q["step_progress"],
             {"id": run.task_id, "idx": idx, "progress": progress, "refusal": refusal},
         )
-        store._event(
+        store.journal_event(
             conn, run.task_id, run.run_id, EventKind.STEP_PROGRESS, idx,
             {"progress": json.loads(progress)},
         )  # fmt: skip
@@ -197,48 +213,9 @@ def finish_task(store: PostgresStore, run: Run, result: str | None = None) -> No
     sent = time.monotonic()
     data = {"result": json.loads(result)} if result is not None else None
     with store._cancel_aware(run), store._write() as conn:
-        store._fence(conn, run, TaskStatus.DONE)
-        store._event(conn, run.task_id, run.run_id, EventKind.TASK_DONE, None, data)
+        store.fence(conn, run, TaskStatus.DONE)
+        store.journal_event(conn, run.task_id, run.run_id, EventKind.TASK_DONE, None, data)
     store._after_commit(run, sent)
-
-
-def append_step(
-    store: PostgresStore,
-    run: Run,
-    idx: int,
-    tool: str,
-    given: str,
-    policy: str | None,
-    tool_version: str | None,
-    delay: float | None = None,
-) -> int:
-    """See :meth:`ninelives.store.Store.append_step`: the attempt count and the
-    digest need replies before COMMIT (a round trip more than a start)."""
-    from .postgres_lineage import extend_plan
-
-    sent = time.monotonic()
-    with store._cancel_aware(run), store._write() as conn:
-        store._fence(conn, run, TaskStatus.RUNNING)
-        end = int(store._fetch(conn.execute(Q["next_step_idx"], {"id": run.task_id}))[0])
-        if idx != end:
-            raise StoreError(f"task {run.task_id!r} has {end} steps: step {idx} cannot be appended")
-        params = {"id": run.task_id, "idx": idx, "tool": tool, "input": given, "policy": policy}
-        conn.execute(Q["insert_step"], params)
-        store._event(
-            conn, run.task_id, run.run_id, EventKind.STEP_APPENDED, idx, {"tool": tool, "by": idx}
-        )
-        extend_plan(store, conn, run.task_id, idx, [(tool, given, policy)])
-        attempt = 0
-        if delay is not None:
-            conn.execute(Q["step_defer"], {**params, "delay": delay})
-        else:
-            attempt = int(store._fetch(conn.execute(Q["step_running"], params))[0])
-            store._event(
-                conn, run.task_id, run.run_id, EventKind.STEP_STARTED, idx,
-                lineage.started_data(tool, attempt, tool_version),
-            )  # fmt: skip
-    store._after_commit(run, sent)
-    return attempt
 
 
 def append_steps(
@@ -250,13 +227,12 @@ def append_steps(
     append: Sequence[Appended],
 ) -> None:
     """Insert the steps turn ``by`` appends after it, journaled, the digest carried over."""
-    from .postgres_lineage import extend_plan
 
     for row in appended_rows(task_id, by + 1, append):
         conn.execute(Q["insert_step"], row)
-        store._event(
+        store.journal_event(
             conn, task_id, run_id, EventKind.STEP_APPENDED, row["idx"],
             {"tool": row["tool"], "by": by},
         )  # fmt: skip
     if append:
-        extend_plan(store, conn, task_id, by + 1, append)
+        extend_plan(PostgresTransaction(store, conn), task_id, by + 1, append)
