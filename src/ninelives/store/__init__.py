@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 from ..errors import StoreError
 from .base import (
-    DEFAULT_LEASE,
     Appended,
     Decision,
     Grant,
@@ -23,11 +22,9 @@ from .base import (
     StepNotDue,
     Store,
     StoreReader,
-    fencing_disabled,
-    heartbeat_disabled,
     journal,
-    lease_settings,
 )
+from .leases import DEFAULT_LEASE, fencing_disabled, heartbeat_disabled, lease_settings
 from .rules import (
     PARK_EVENT,
     REFUSE_REASON,

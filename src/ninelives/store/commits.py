@@ -12,14 +12,16 @@ server reads its own).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import crashpoints, lineage
-from ..errors import LeaseLost, StoreError
+from ..errors import LeaseLost, StoreError, TaskExists
 from ..journal import dumps
 from ..models import EventKind, Run, Step, StepStatus, Task, TaskStatus
+from ..policy import error_data, failure_reason
 from .rules import (
     PARK_EVENT,
     REFUSE_REASON,
@@ -91,14 +93,38 @@ class Transaction(Protocol):
         """Keep another creator of ``task_id`` (in any case) out until the commit."""
         ...
 
-    def step_done(self, task_id: str, idx: int, output: str) -> None:
-        """Commit step ``idx`` ``done`` with ``output``; the transaction fails with
-        :class:`StoreError` unless the step was ``running``."""
+    def on_running_step(self, query: str, params: dict[str, Any]) -> None:
+        """Execute the named query on step ``params["idx"]`` of task ``params["id"]``;
+        the transaction fails with :class:`StoreError` unless that step was
+        ``running`` (SQLite counts the rows; PostgreSQL's server refuses)."""
         ...
 
     def stored_folder(self, folder: str | None) -> str | None:
         """An artifacts folder as the backend stores it."""
         ...
+
+
+class Journaling:
+    """What a backend's transaction inherits: :meth:`Transaction.event` over its
+    :meth:`Transaction.run` (``insert_event`` takes the same parameters in both
+    dialects; SQLite's ``run`` adds its ``now``)."""
+
+    def run(self, query: str, params: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def event(
+        self,
+        task_id: str,
+        run_id: str,
+        kind: EventKind,
+        step: int | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        self.run(
+            "insert_event",
+            {"id": task_id, "run": run_id, "kind": kind.value, "step": step,
+             "data": dumps(data or {})},
+        )  # fmt: skip
 
 
 @contextmanager
@@ -196,7 +222,7 @@ def settle_finish(tx: Transaction, run: Run, idx: int, tool: str, output: str) -
     """After a cancel: commit the output of the step this runner was running
     (its effect happened), and nothing else; the task stays cancelled."""
     tx.fence_cancelled(run)
-    tx.step_done(run.task_id, idx, output)
+    tx.on_running_step("step_done", {"id": run.task_id, "idx": idx, "output": output})
     tx.event(run.task_id, run.run_id, EventKind.STEP_FINISHED, idx, {"tool": tool})
 
 
@@ -334,3 +360,138 @@ def append(
     tx.event(run.task_id, run.run_id, EventKind.STEP_STARTED, idx,
              lineage.started_data(tool, attempt, tool_version))  # fmt: skip
     return attempt
+
+
+class SharedCommits:
+    """The :class:`~ninelives.store.Store` methods whose rule is all there is to
+    them, written once over the backend's hooks: :meth:`transaction`, a
+    runner's :meth:`fenced` transaction, an operator's :meth:`operator`
+    transaction, and :meth:`task_row`. A backend's store lists this class after
+    its own base, whose hooks it uses."""
+
+    #: The driver's error for a duplicate key (a fork racing a create).
+    duplicate_key: type[Exception] = Exception
+
+    def transaction(self) -> AbstractContextManager[Transaction]:
+        raise NotImplementedError
+
+    def fenced(self, run: Run) -> AbstractContextManager[Transaction]:
+        """A transaction of ``run``'s, renewing its lease once committed."""
+        raise NotImplementedError
+
+    def operator(
+        self, task_id: str, check: Callable[[Task], object]
+    ) -> AbstractContextManager[Transaction]:
+        """A transaction that holds the task as a claim would, for a person's
+        command; ``check`` may refuse it before anything is held."""
+        raise NotImplementedError
+
+    def task_row(self, task_id: str) -> Any:
+        raise NotImplementedError
+
+    def get_task(self, task_id: str) -> Task:
+        raise NotImplementedError
+
+    def _cancel_aware(self, run: Run, *settle: Any) -> AbstractContextManager[None]:
+        return cancel_aware(run, lambda: self.task_row(run.task_id), self.transaction, *settle)
+
+    def append_step(
+        self,
+        run: Run,
+        idx: int,
+        tool: str,
+        given: str,
+        *,
+        policy: str | None = None,
+        tool_version: str | None = None,
+        delay: float | None = None,
+    ) -> int:
+        with self._cancel_aware(run), self.fenced(run) as tx:
+            return append(
+                tx, run, idx, tool, given, policy=policy, tool_version=tool_version, delay=delay
+            )
+
+    def cancel_task(
+        self, task_id: str, run_id: str, *, reason: str | None = None
+    ) -> tuple[Task, bool]:
+        with self.transaction() as tx:
+            return cancel(tx, task_id, run_id, reason)
+
+    def fork_task(
+        self,
+        source_id: str,
+        new_id: str,
+        start: int,
+        run_id: str,
+        *,
+        queue: str | None = None,
+        artifacts: str | None = None,
+    ) -> Task:
+        try:
+            with self.transaction() as tx:
+                return fork(tx, source_id, new_id, start, run_id, queue=queue, artifacts=artifacts)
+        except self.duplicate_key as exc:
+            raise TaskExists(f"task {new_id!r} already exists") from exc
+
+    def record_error(
+        self,
+        run: Run,
+        idx: int,
+        error: str,
+        max_attempts: int,
+        *,
+        delay: float | None = None,
+        permanent: bool = False,
+        detail: dict[str, Any] | None = None,
+    ) -> bool:
+        with self._cancel_aware(run, "error", idx, error), self.fenced(run) as tx:
+            tx.fence(run, TaskStatus.RUNNING)
+            params = {"id": run.task_id, "idx": idx, "status": "pending", "delay": delay or None}
+            row = tx.row("step_back", params)
+            if row is None:
+                raise StoreError(f"task {run.task_id!r} step {idx} is not running")
+            attempts, retry_at = int(row[0]), row[1]
+            failed = permanent or attempts >= max_attempts
+            why = ("permanent" if permanent else "attempt_limit") if failed else None
+            data = error_data(error, attempts, detail, why=why, retry_at=retry_at, delay=delay)
+            tx.event(run.task_id, run.run_id, EventKind.STEP_ERROR, idx, data)
+            if failed:
+                tx.run("step_failed", {"id": run.task_id, "idx": idx})
+                tx.fence(run, TaskStatus.FAILED)
+                reason = failure_reason(idx, attempts, error, permanent=permanent)
+                tx.event(run.task_id, run.run_id, EventKind.TASK_FAILED, idx,
+                         {"reason": reason, "why": why})  # fmt: skip
+            crashpoints.crash("error_before_commit", idx)
+        return failed
+
+    def checkpoint(self, run: Run, idx: int, progress: str) -> None:
+        with self._cancel_aware(run), self.fenced(run) as tx:
+            tx.fence(run, TaskStatus.RUNNING)
+            tx.on_running_step(
+                "step_progress", {"id": run.task_id, "idx": idx, "progress": progress}
+            )
+            tx.event(run.task_id, run.run_id, EventKind.STEP_PROGRESS, idx,
+                     {"progress": json.loads(progress)})  # fmt: skip
+            crashpoints.crash("checkpoint_before_commit", idx)
+
+    def finish_task(self, run: Run, *, result: str | None = None) -> None:
+        data = {"result": json.loads(result)} if result is not None else None
+        with self._cancel_aware(run), self.fenced(run) as tx:
+            tx.fence(run, TaskStatus.DONE)
+            tx.event(run.task_id, run.run_id, EventKind.TASK_DONE, None, data)
+
+    def park_step(self, run: Run, idx: int, status: StepStatus, data: dict[str, Any]) -> None:
+        with self.fenced(run) as tx:
+            tx.fence(run, TaskStatus(status.value))
+            park(tx, run.task_id, run.run_id, idx, status, data)
+
+    def settle_step(
+        self, run: Run, idx: int, *, output: str | None = None, block: str | None = None
+    ) -> None:
+        with self.fenced(run) as tx:
+            settle(tx, run, idx, output=output, block=block)
+
+    def decide_step(self, task_id: str, run_id: str, idx: int, decision: Decision) -> Task:
+        with self.operator(task_id, lambda found: decision_target(found, idx, decision)) as tx:
+            decide(tx, task_id, run_id, idx, decision)
+        return self.get_task(task_id)

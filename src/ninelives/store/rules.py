@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InputError, TaskExists, TaskIdRemoved
+from ..errors import CommitUnknown, InputError, TaskExists, TaskIdRemoved
 from ..models import EventKind, Step, StepStatus, Task, TaskStatus, TaskSummary
 
 if TYPE_CHECKING:
@@ -148,6 +148,13 @@ def recovery_limit_reason(idx: int, count: int, limit: int | None) -> str:
         f"(limit {limit}, NINELIVES_MAX_RECOVERIES): it is not run again; "
         "a step that kills its process every time (out of memory, a crash) "
         "would otherwise be retried forever"
+    )
+
+
+def unknown_outcome(what: str, why: str) -> CommitUnknown:
+    """The error of a commit whose outcome is unknown (``what``: "write to DB")."""
+    return CommitUnknown(
+        f"{what} failed ({why}); its outcome is unknown, stopping now: the next run recovers"
     )
 
 

@@ -28,14 +28,15 @@ if not logging.getLogger("psycopg").handlers:
 
 from ... import crashpoints
 from ...blobs import resolve_task
-from ...errors import CommitUnknown, LeaseLost, StoreError, TaskBusy, UnknownTask
+from ...errors import LeaseLost, StoreError, TaskBusy, UnknownTask
 from ...journal import dumps
 from ...models import EventKind, Run, Step, Task, TaskStatus
 from .. import sql
+from ..commits import Journaling
+from ..rules import unknown_outcome
 
 if TYPE_CHECKING:
     from .blobs import TableBlobs
-    from .store import PostgresStore
 
 Q = sql.load_queries("postgres")
 #: How a refusal reads in the server's error: see ``fence`` in ``sql/postgres.sql``.
@@ -53,7 +54,7 @@ def _say(exc: BaseException, scrub: Callable[[str], str] = str) -> str:
     return scrub(" ".join(str(exc).split()) or type(exc).__name__)
 
 
-def _scalar(conn: Conn, query: str, params: dict[str, Any]) -> Any:
+def scalar(conn: Conn, query: str, params: dict[str, Any]) -> Any:
     row = conn.execute(query, params).fetchone()
     if row is None:
         raise StoreError(f"query returned no row: {query.split()[0]}")
@@ -74,7 +75,7 @@ def around_attempt(data: dict[str, Any]) -> tuple[str, str]:
     return head, text[len(head) + 1 :]
 
 
-class _Lease:
+class Lease:
     """What this process knows of one lease it holds (mutable, guarded by a lock)."""
 
     __slots__ = ("lost", "owner", "run", "valid_until")
@@ -86,17 +87,17 @@ class _Lease:
         self.lost = False
 
 
-class _Heartbeat:
+class Heartbeat:
     """Renews a store's leases every ``interval`` seconds on a connection of its own."""
 
-    def __init__(self, store: PostgresStore) -> None:
+    def __init__(self, store: Session) -> None:
         self._store = store
-        self._leases: dict[str, _Lease] = {}
+        self._leases: dict[str, Lease] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="ninelives-heartbeat", daemon=True)
         self._thread.start()
 
-    def add(self, lease: _Lease) -> None:
+    def add(self, lease: Lease) -> None:
         with self._store._mutex:
             self._leases[lease.run.run_id] = lease
 
@@ -130,7 +131,7 @@ class _Heartbeat:
                     store._renewed(lease, sent, ok=cur.rowcount == 1)
                     key = (lease.run.task_id, lease.run.epoch)
                     if cur.rowcount == 1 and key not in locked:
-                        if _scalar(conn, Q["holder_lock"], {"id": key[0], "epoch": key[1]}):
+                        if scalar(conn, Q["holder_lock"], {"id": key[0], "epoch": key[1]}):
                             locked.add(key)
             except (psycopg.Error, StoreError):
                 if conn is not None:
@@ -149,7 +150,7 @@ class _Heartbeat:
 class Session:
     """One store's sessions: the runner's connection (made again when it breaks,
     with its holder locks taken again) and its transactions. The state is set
-    up by :class:`~ninelives.store.postgres.PostgresStore`."""
+    up by :class:`~ninelives.store.postgres.store.PostgresStore`."""
 
     dialect = "postgres"
     url: str
@@ -161,7 +162,7 @@ class Session:
     _scrub: Callable[[str], str]
     _shown: str
     _mutex: threading.Lock
-    _leases: dict[str, _Lease]
+    _leases: dict[str, Lease]
     _conn: Conn | None
     _pipe: psycopg.Pipeline | None
     _checks: list[Callable[[], None]]
@@ -235,6 +236,14 @@ class Session:
             conn.execute("ROLLBACK")
         except psycopg.Error:
             self._drop()
+
+    # -- leases
+    def _renewed(self, lease: Lease, sent: float, *, ok: bool) -> None:
+        with self._mutex:
+            if ok:
+                lease.valid_until = max(lease.valid_until, sent + self.lease)
+            else:
+                lease.lost = True
 
     # -- the journal, the fence, the load ------------------------------------
 
@@ -431,10 +440,7 @@ class Session:
         if isinstance(exc, pg_errors.LockNotAvailable):
             return TaskBusy("the task is being committed by another live runner; try again")
         if committing:
-            return CommitUnknown(
-                f"commit to {self._shown} failed ({self._why(exc)}); its outcome is unknown, "
-                "stopping now: the next run recovers"
-            )
+            return unknown_outcome(f"commit to {self._shown}", self._why(exc))
         return StoreError(f"database {self._shown}: {self._why(exc)}")
 
     @contextmanager
@@ -502,7 +508,7 @@ class Session:
         return {"id": run.task_id, "epoch": run.epoch, "lease": self.lease}
 
 
-class PostgresTransaction:
+class PostgresTransaction(Journaling):
     """One pipelined write transaction of a :class:`Session`: the
     :class:`~ninelives.store.commits.Transaction` the shared rules commit
     through. The server's clock is ``now``; checks are deferred or refusals."""
@@ -521,16 +527,6 @@ class PostgresTransaction:
 
     def changes_one(self, query: str, params: dict[str, Any], error: str) -> None:
         self.session.expect_one(self.conn.execute(Q[query], params), error)
-
-    def event(
-        self,
-        task_id: str,
-        run_id: str,
-        kind: EventKind,
-        step: int | None = None,
-        data: dict[str, Any] | None = None,
-    ) -> None:
-        self.session.journal_event(self.conn, task_id, run_id, kind, step, data)
 
     def load(self, task_id: str, *, resolve: bool = True) -> Task:
         return self.session.load(self.conn, task_id, resolve=resolve)
@@ -555,9 +551,9 @@ class PostgresTransaction:
     def lock_id(self, task_id: str) -> None:
         self.run("task_id_lock", {"id": task_id})
 
-    def step_done(self, task_id: str, idx: int, output: str) -> None:
-        refusal = self.session.refusal(not_running(task_id, idx))
-        self.run("step_done", {"id": task_id, "idx": idx, "output": output, "refusal": refusal})
+    def on_running_step(self, query: str, params: dict[str, Any]) -> None:
+        refusal = self.session.refusal(not_running(params["id"], params["idx"]))
+        self.run(query, {**params, "refusal": refusal})
 
     def stored_folder(self, folder: str | None) -> str | None:
         return folder

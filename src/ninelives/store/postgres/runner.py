@@ -12,18 +12,16 @@ attempt count, an agent turn's plan digest).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from psycopg import errors as pg_errors
 
-from ... import crashpoints, lineage
+from ... import lineage
 from ...errors import StoreError
 from ...journal import dumps
 from ...models import EventKind, Run, TaskStatus
-from ...policy import error_data, failure_reason
 from ..base import Appended, StepNotDue
 from ..commits import extend_plan
 from ..rules import appended_rows, finished_data
@@ -81,13 +79,12 @@ def finish_step(
     idx: int,
     tool: str,
     output: str,
-    *,
-    last: bool,
-    append: Sequence[Appended] = (),
-    fail: str | None = None,
+    turn: tuple[bool, Sequence[Appended], str | None],
 ) -> None:
-    """See :meth:`ninelives.store.Store.finish_step`: one statement unless the step
+    """See :meth:`ninelives.store.Store.finish_step` (``turn`` is its ``last``,
+    ``append`` and ``fail``): one statement unless the step
     appends steps (an agent turn), which pipelines its statements."""
+    last, append, fail = turn
     sent = time.monotonic()
     status = TaskStatus.FAILED if fail else TaskStatus.DONE if last else TaskStatus.RUNNING
     owed = ("finish", idx, tool, output)
@@ -140,81 +137,6 @@ def finish_step(
             f"task {run.task_id!r} already has a step at an index appended after {idx}: "
             "steps are only appended at the end"
         ) from exc
-    store._after_commit(run, sent)
-
-
-def record_error(
-    store: PostgresStore,
-    run: Run,
-    idx: int,
-    error: str,
-    max_attempts: int,
-    *,
-    delay: float | None = None,
-    permanent: bool = False,
-    detail: dict[str, Any] | None = None,
-) -> bool:
-    """See :meth:`ninelives.store.Store.record_error`: the journal entry needs the
-    attempt count, so the commit waits for it (two round trips)."""
-    sent = time.monotonic()
-    with store._cancel_aware(run, "error", idx, error), store._write() as conn:
-        store.fence(conn, run, TaskStatus.RUNNING)
-        row = store.fetch(
-            conn.execute(
-                Q["step_back"],
-                {
-                    "id": run.task_id,
-                    "idx": idx,
-                    "status": "pending",
-                    "delay": delay or None,
-                },
-            )
-        )
-        if row is None:
-            raise StoreError(f"task {run.task_id!r} step {idx} is not running")
-        attempts, retry_at = int(row[0]), row[1]
-        failed = permanent or attempts >= max_attempts
-        why = ("permanent" if permanent else "attempt_limit") if failed else None
-        data = error_data(error, attempts, detail, why=why, retry_at=retry_at, delay=delay)
-        store.journal_event(conn, run.task_id, run.run_id, EventKind.STEP_ERROR, idx, data)
-        if failed:
-            conn.execute(Q["step_failed"], {"id": run.task_id, "idx": idx})
-            store.fence(conn, run, TaskStatus.FAILED)
-            reason = failure_reason(idx, attempts, error, permanent=permanent)
-            store.journal_event(
-                conn, run.task_id, run.run_id, EventKind.TASK_FAILED, idx,
-                {"reason": reason, "why": why},
-            )  # fmt: skip
-        crashpoints.crash("error_before_commit", idx)
-    store._after_commit(run, sent)
-    return failed
-
-
-def checkpoint(store: PostgresStore, run: Run, idx: int, progress: str) -> None:
-    """See :meth:`ninelives.store.Store.checkpoint`: one round trip."""
-    sent = time.monotonic()
-    with store._cancel_aware(run), store._write() as conn:
-        store.fence(conn, run, TaskStatus.RUNNING)
-        refusal = store.refusal(not_running(run.task_id, idx))
-        conn.execute(
-            Q["step_progress"],
-            {"id": run.task_id, "idx": idx, "progress": progress, "refusal": refusal},
-        )
-        store.journal_event(
-            conn, run.task_id, run.run_id, EventKind.STEP_PROGRESS, idx,
-            {"progress": json.loads(progress)},
-        )  # fmt: skip
-        crashpoints.crash("checkpoint_before_commit", idx)
-    store._after_commit(run, sent)
-
-
-def finish_task(store: PostgresStore, run: Run, result: str | None = None) -> None:
-    """See :meth:`ninelives.store.Store.finish_task`: one round trip."""
-    sent = time.monotonic()
-    data = {"result": json.loads(result)} if result is not None else None
-    with store._cancel_aware(run), store._write() as conn:
-        store.fence(conn, run, TaskStatus.DONE)
-        store.journal_event(conn, run.task_id, run.run_id, EventKind.TASK_DONE, None, data)
     store._after_commit(run, sent)
 
 

@@ -39,8 +39,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
-from typing import Any
+from contextlib import contextmanager
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -53,31 +52,24 @@ from ...models import (
     EventKind,
     Run,
     Step,
-    StepStatus,
     Task,
     TaskStatus,
 )
 from ...plan import Plan
 from .. import commits
-from ..base import (
-    DEFAULT_LEASE,
-    Appended,
-    Decision,
-    Grant,
-    fencing_disabled,
-    heartbeat_disabled,
-)
+from ..base import Appended, Grant
 from ..conninfo import Redactor, redact_url
+from ..leases import DEFAULT_LEASE, fencing_disabled, heartbeat_disabled
 from ..rules import recovery_limit_reason, retry_target, step_rows, task_exists
 from . import runner
 from .base import (
     LOCK_TIMEOUT_MS,
     Conn,
+    Heartbeat,
+    Lease,
     PostgresTransaction,
     Q,
-    _Heartbeat,
-    _Lease,
-    _scalar,
+    scalar,
 )
 from .blobs import TableBlobs
 from .housekeeping import PostgresHousekeeping
@@ -88,12 +80,14 @@ def redact(url: str) -> str:
     return redact_url(url)
 
 
-class PostgresStore(PostgresHousekeeping):
+class PostgresStore(PostgresHousekeeping, commits.SharedCommits):
     """A :class:`~ninelives.store.Store` on one PostgreSQL database.
 
     One runner thread per store (plus its heartbeat thread); a worker with
     several slots opens one store per slot.
     """
+
+    duplicate_key = pg_errors.UniqueViolation
 
     def __init__(
         self,
@@ -128,8 +122,8 @@ class PostgresStore(PostgresHousekeeping):
             )
         self._owner = f"{socket.gethostname()}/{os.getpid()}"
         self._mutex = threading.Lock()
-        self._leases: dict[str, _Lease] = {}
-        self._heartbeat: _Heartbeat | None = None
+        self._leases: dict[str, Lease] = {}
+        self._heartbeat: Heartbeat | None = None
         self._conn: Conn | None = None
         self._pipe: psycopg.Pipeline | None = None
         self._checks: list[Callable[[], None]] = []
@@ -145,21 +139,22 @@ class PostgresStore(PostgresHousekeeping):
 
     # -- leases -------------------------------------------------------------
 
-    def _renewed(self, lease: _Lease, sent: float, *, ok: bool) -> None:
-        with self._mutex:
-            if ok:
-                lease.valid_until = max(lease.valid_until, sent + self.lease)
-            else:
-                lease.lost = True
-
     def _hold(self, run: Run, sent: float) -> None:
-        lease = _Lease(run, self._owner, sent + self.lease)
+        lease = Lease(run, self._owner, sent + self.lease)
         self._leases[run.run_id] = lease
         if not self._beating:
             return
         if self._heartbeat is None:
-            self._heartbeat = _Heartbeat(self)
+            self._heartbeat = Heartbeat(self)
         self._heartbeat.add(lease)
+
+    @contextmanager
+    def fenced(self, run: Run) -> Iterator[PostgresTransaction]:
+        """A runner's transaction; its commit renews the lease."""
+        sent = time.monotonic()
+        with self.transaction() as tx:
+            yield tx
+        self._after_commit(run, sent)
 
     def _after_commit(self, run: Run, sent: float) -> None:
         lease = self._leases.get(run.run_id)
@@ -254,7 +249,7 @@ class PostgresStore(PostgresHousekeeping):
                     check(found)
                 owner = f"{self._owner}/{run_id}"
                 params = {"id": task_id, "owner": owner, "lease": self.lease}
-                epoch = int(_scalar(conn, Q["claim"], params))
+                epoch = int(scalar(conn, Q["claim"], params))
                 claimed = epoch
                 run, task = self._recover(
                     conn,
@@ -281,12 +276,12 @@ class PostgresStore(PostgresHousekeeping):
         in the server's current life (a restart frees the locks of live holders).
         """
         holder = {"id": task_id, "epoch": held}
-        if not _scalar(conn, Q["holder_probe"], holder):
+        if not scalar(conn, Q["holder_probe"], holder):
             raise TaskBusy(
                 f"task {task_id!r} is being run by another live process (its lease is held)"
             )
         conn.execute(Q["holder_probe_end"], holder)
-        if not _scalar(conn, Q["holder_gone"], {"id": task_id}):
+        if not scalar(conn, Q["holder_gone"], {"id": task_id}):
             raise TaskBusy(
                 f"task {task_id!r} is held by a lease taken before the database server "
                 "restarted, so its holder may still be running: the lease is honoured until "
@@ -357,7 +352,7 @@ class PostgresStore(PostgresHousekeeping):
         worn_out: tuple[int, int] | None = None
         for idx in rerun:
             if max_recoveries is not None and worn_out is None:
-                count = int(_scalar(conn, Q["recoveries"], {"id": task_id, "idx": idx})) + 1
+                count = int(scalar(conn, Q["recoveries"], {"id": task_id, "idx": idx})) + 1
                 if count > max_recoveries:
                     worn_out = (idx, count)
             self.journal_event(conn, task_id, run_id, EventKind.STEP_RECOVERED, idx)
@@ -427,11 +422,6 @@ class PostgresStore(PostgresHousekeeping):
     def start_step(self, run: Run, idx: int, tool: str, *, tool_version: str | None = None) -> int:
         return runner.start_step(self, run, idx, tool, tool_version=tool_version)
 
-    def _cancel_aware(self, run: Run, *settle: Any) -> AbstractContextManager[None]:
-        return commits.cancel_aware(
-            run, lambda: self.task_row(run.task_id), self.transaction, *settle
-        )
-
     def finish_step(
         self,
         run: Run,
@@ -443,54 +433,7 @@ class PostgresStore(PostgresHousekeeping):
         append: Sequence[Appended] = (),
         fail: str | None = None,
     ) -> None:
-        runner.finish_step(self, run, idx, tool, output, last=last, append=append, fail=fail)
-
-    def record_error(
-        self,
-        run: Run,
-        idx: int,
-        error: str,
-        max_attempts: int,
-        *,
-        delay: float | None = None,
-        permanent: bool = False,
-        detail: dict[str, Any] | None = None,
-    ) -> bool:
-        return runner.record_error(
-            self,
-            run,
-            idx,
-            error,
-            max_attempts,
-            delay=delay,
-            permanent=permanent,
-            detail=detail,
-        )
-
-    def checkpoint(self, run: Run, idx: int, progress: str) -> None:
-        runner.checkpoint(self, run, idx, progress)
-
-    def finish_task(self, run: Run, *, result: str | None = None) -> None:
-        runner.finish_task(self, run, result)
-
-    def append_step(
-        self,
-        run: Run,
-        idx: int,
-        tool: str,
-        given: str,
-        *,
-        policy: str | None = None,
-        tool_version: str | None = None,
-        delay: float | None = None,
-    ) -> int:
-        sent = time.monotonic()
-        with self._cancel_aware(run), self.transaction() as tx:
-            attempt = commits.append(
-                tx, run, idx, tool, given, policy=policy, tool_version=tool_version, delay=delay
-            )
-        self._after_commit(run, sent)
-        return attempt
+        runner.finish_step(self, run, idx, tool, output, (last, append, fail))
 
     def end_run(self, run: Run) -> None:
         self._leases.pop(run.run_id, None)
@@ -520,7 +463,7 @@ class PostgresStore(PostgresHousekeeping):
         step: int | None = None,
         grant: Grant | None = None,
     ) -> Task:
-        with self._operator(task_id) as tx:
+        with self.operator(task_id) as tx:
             conn = tx.conn
             task = self.load(conn, task_id)
             granted = grant(task) if grant is not None and step is None else None
@@ -539,55 +482,14 @@ class PostgresStore(PostgresHousekeeping):
                 )  # fmt: skip
         return self.get_task(task_id)
 
-    def cancel_task(
-        self, task_id: str, run_id: str, *, reason: str | None = None
-    ) -> tuple[Task, bool]:
-        with self.transaction() as tx:
-            return commits.cancel(tx, task_id, run_id, reason)
-
-    def fork_task(
-        self,
-        source_id: str,
-        new_id: str,
-        start: int,
-        run_id: str,
-        *,
-        queue: str | None = None,
-        artifacts: str | None = None,
-    ) -> Task:
-        try:
-            with self.transaction() as tx:
-                return commits.fork(
-                    tx, source_id, new_id, start, run_id, queue=queue, artifacts=artifacts
-                )
-        except pg_errors.UniqueViolation as exc:
-            raise TaskExists(f"task {new_id!r} already exists") from exc
-
-    def park_step(self, run: Run, idx: int, status: StepStatus, data: dict[str, Any]) -> None:
-        sent = time.monotonic()
-        with self.transaction() as tx:
-            tx.fence(run, TaskStatus(status.value))
-            commits.park(tx, run.task_id, run.run_id, idx, status, data)
-        self._after_commit(run, sent)
-
-    def settle_step(
-        self, run: Run, idx: int, *, output: str | None = None, block: str | None = None
-    ) -> None:
-        sent = time.monotonic()
-        with self.transaction() as tx:
-            commits.settle(tx, run, idx, output=output, block=block)
-        self._after_commit(run, sent)
-
-    def decide_step(self, task_id: str, run_id: str, idx: int, decision: Decision) -> Task:
-        with self._operator(task_id) as tx:
-            commits.decide(tx, task_id, run_id, idx, decision)
-        return self.get_task(task_id)
-
     @contextmanager
-    def _operator(self, task_id: str) -> Iterator[PostgresTransaction]:
+    def operator(
+        self, task_id: str, check: Callable[[Task], object] | None = None
+    ) -> Iterator[PostgresTransaction]:
         """A person's command on a task (retry, a decision): the transaction takes
         the task as a claim would, its holder provably gone (:class:`TaskBusy`
-        at once while a live runner holds it)."""
+        at once while a live runner holds it). ``check`` is left to the rule,
+        which reads the task inside the transaction."""
         with self.transaction() as tx:
             tx.conn.execute(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
             row = tx.conn.execute(Q["lease_state"], {"id": task_id}).fetchone()

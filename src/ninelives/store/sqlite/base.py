@@ -14,7 +14,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ... import crashpoints
@@ -36,7 +36,9 @@ from ...models import (
     TaskStatus,
 )
 from .. import sql
-from ..base import fencing_disabled
+from ..commits import Journaling
+from ..leases import fencing_disabled
+from ..rules import unknown_outcome
 from .files import (
     CONTRACT_TABLES,
     cannot_write,
@@ -282,11 +284,18 @@ class SQLiteBase(SQLiteHousekeepingWrites):
     def _translate(self, exc: sqlite3.Error) -> StoreError:
         name, text = error_name(exc), describe(exc).lower()
         if name.startswith(_UNKNOWN_OUTCOME) or any(t in text for t in _UNKNOWN_TEXT):
-            return CommitUnknown(
-                f"write to {self.url} failed ({describe(exc)}); its outcome is unknown, "
-                "stopping now: the next run recovers"
-            )
+            return unknown_outcome(f"write to {self.url}", describe(exc))
         return StoreError(f"database {self.url}: {describe(exc)}")
+
+    def close(self) -> None:
+        """Release the task locks and the group, and close the connection."""
+        for lock in self._locks.values():
+            lock.release()
+        self._locks.clear()
+        if self._group is not None:
+            self._group.detach()
+            self._group = None
+        self._conn.close()
 
     @contextmanager
     def transaction(self) -> Iterator[SQLiteTransaction]:
@@ -295,6 +304,10 @@ class SQLiteBase(SQLiteHousekeepingWrites):
         now = time.time()
         with self._write() as conn:
             yield SQLiteTransaction(self, conn, now)
+
+    def fenced(self, run: Run) -> AbstractContextManager[SQLiteTransaction]:
+        """A runner's transaction: on SQLite its kernel lock is the lease."""
+        return self.transaction()
 
     def task_row(self, task_id: str) -> Any:
         """``get_task``'s row of a task, outside any transaction, for
@@ -396,7 +409,7 @@ def lease_lost(run: Run) -> LeaseLost:
     )
 
 
-class SQLiteTransaction:
+class SQLiteTransaction(Journaling):
     """One write transaction of a :class:`SQLiteBase`: the
     :class:`~ninelives.store.commits.Transaction` the shared rules commit
     through. SQLite's clock is the caller's: every statement gets ``now``."""
@@ -420,16 +433,6 @@ class SQLiteTransaction:
         if self._exec(query, params).rowcount != 1:
             raise StoreError(error)
 
-    def event(
-        self,
-        task_id: str,
-        run_id: str,
-        kind: EventKind,
-        step: int | None = None,
-        data: dict[str, Any] | None = None,
-    ) -> None:
-        self.store.journal_event(self.conn, task_id, run_id, kind, step, data, self.now)
-
     def load(self, task_id: str, *, resolve: bool = True) -> Task:
         return self.store.load(self.conn, task_id, resolve=resolve)
 
@@ -446,9 +449,10 @@ class SQLiteTransaction:
     def lock_id(self, task_id: str) -> None:
         pass  # likewise
 
-    def step_done(self, task_id: str, idx: int, output: str) -> None:
-        error = f"task {task_id!r} step {idx} is not running"
-        self.changes_one("step_done", {"id": task_id, "idx": idx, "output": output}, error)
+    def on_running_step(self, query: str, params: dict[str, Any]) -> None:
+        self.changes_one(
+            query, params, f"task {params['id']!r} step {params['idx']} is not running"
+        )
 
     def stored_folder(self, folder: str | None) -> str | None:
         return stored_folder(self.store.path, folder)

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 from ...errors import CommitUnknown, StoreError
 
 if TYPE_CHECKING:
-    from .store import SQLiteStore
+    from .base import SQLiteBase
 
 #: Default linger: how long a batch waits for more writes once opened.
 DEFAULT_LINGER = 0.002
@@ -106,7 +106,7 @@ class GroupCommitter:
 
     def __init__(
         self,
-        carrier: SQLiteStore,
+        carrier: SQLiteBase,
         *,
         linger: float = DEFAULT_LINGER,
         max_batch: int = DEFAULT_MAX_BATCH,

@@ -1,23 +1,17 @@
-"""The SQLite store, assembled: the Store methods over :class:`.base.SQLiteBase`;
-stdlib ``sqlite3`` in WAL mode with ``synchronous=FULL``.
-
-Connections use ``isolation_level=None`` and explicit ``BEGIN IMMEDIATE``: a
-deferred BEGIN that later needs the write lock fails at once with "database
-is locked" under contention, while BEGIN IMMEDIATE waits on the busy timeout,
-so many ``run`` processes can share one file. One host only: a per-task kernel
-lock (:mod:`ninelives.locking`) keeps two runners off the same task, and the
-lease epoch fences a runner whose lock file was replaced under it.
+"""The SQLite store, assembled: the :class:`~ninelives.store.Store` methods that
+are SQLite's own (create, claims and recovery, a step's start and finish, retry),
+over :class:`.base.SQLiteBase` (the file, its transactions and locks), with the
+rules of :mod:`ninelives.store.commits` that both backends share.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING, Any
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from ... import crashpoints, lineage
 from ...errors import (
@@ -39,12 +33,10 @@ from ...models import (
     Task,
     TaskStatus,
 )
-from ...policy import error_data, failure_reason
 from .. import commits
-from ..base import Appended, Decision, Grant, StepNotDue
+from ..base import Appended, Grant, StepNotDue
 from ..rules import (
     appended_rows,
-    decision_target,
     finished_data,
     recovery_limit_reason,
     retry_target,
@@ -61,8 +53,10 @@ if TYPE_CHECKING:
     from ...plan import Plan
 
 
-class SQLiteStore(SQLiteBase):
+class SQLiteStore(SQLiteBase, commits.SharedCommits):
     """A :class:`~ninelives.store.Store` on one SQLite file. Not thread-safe."""
+
+    duplicate_key = sqlite3.IntegrityError
 
     # -- the Store protocol -------------------------------------------------
 
@@ -367,11 +361,6 @@ class SQLiteStore(SQLiteBase):
             )  # fmt: skip
         return attempt
 
-    def _cancel_aware(self, run: Run, *settle: Any) -> AbstractContextManager[None]:
-        return commits.cancel_aware(
-            run, lambda: self.task_row(run.task_id), self.transaction, *settle
-        )
-
     def finish_step(
         self,
         run: Run,
@@ -433,81 +422,6 @@ class SQLiteStore(SQLiteBase):
         if append:
             commits.extend_plan(SQLiteTransaction(self, conn, now), task_id, by + 1, append)
 
-    def record_error(
-        self,
-        run: Run,
-        idx: int,
-        error: str,
-        max_attempts: int,
-        *,
-        delay: float | None = None,
-        permanent: bool = False,
-        detail: dict[str, Any] | None = None,
-    ) -> bool:
-        now = time.time()
-        with self._cancel_aware(run, "error", idx, error), self._write() as conn:
-            self.fence(conn, run, TaskStatus.RUNNING, now)
-            row = conn.execute(
-                Q["step_back"],
-                {"id": run.task_id, "idx": idx, "status": "pending", "now": now,
-                 "delay": delay or None},
-            ).fetchone()  # fmt: skip
-            if row is None:
-                raise StoreError(f"task {run.task_id!r} step {idx} is not running")
-            attempts, retry_at = int(row[0]), row[1]
-            failed = permanent or attempts >= max_attempts
-            why = ("permanent" if permanent else "attempt_limit") if failed else None
-            data = error_data(error, attempts, detail, why=why, retry_at=retry_at, delay=delay)
-            self.journal_event(conn, run.task_id, run.run_id, EventKind.STEP_ERROR, idx, data, now)
-            if not failed:
-                crashpoints.crash("error_before_commit", idx)
-                return False
-            conn.execute(Q["step_failed"], {"id": run.task_id, "idx": idx})
-            self.fence(conn, run, TaskStatus.FAILED, now)
-            reason = failure_reason(idx, attempts, error, permanent=permanent)
-            self.journal_event(
-                conn, run.task_id, run.run_id, EventKind.TASK_FAILED, idx,
-                {"reason": reason, "why": why}, now,
-            )  # fmt: skip
-            crashpoints.crash("error_before_commit", idx)
-            return True
-
-    def checkpoint(self, run: Run, idx: int, progress: str) -> None:
-        now = time.time()
-        with self._cancel_aware(run), self._write() as conn:
-            self.fence(conn, run, TaskStatus.RUNNING, now)
-            params = {"id": run.task_id, "idx": idx, "progress": progress}
-            if conn.execute(Q["step_progress"], params).rowcount != 1:
-                raise StoreError(f"task {run.task_id!r} step {idx} is not running")
-            self.journal_event(
-                conn, run.task_id, run.run_id, EventKind.STEP_PROGRESS, idx,
-                {"progress": json.loads(progress)}, now,
-            )  # fmt: skip
-            crashpoints.crash("checkpoint_before_commit", idx)
-
-    def finish_task(self, run: Run, *, result: str | None = None) -> None:
-        now = time.time()
-        data = {"result": json.loads(result)} if result is not None else None
-        with self._cancel_aware(run), self._write() as conn:
-            self.fence(conn, run, TaskStatus.DONE, now)
-            self.journal_event(conn, run.task_id, run.run_id, EventKind.TASK_DONE, None, data, now)
-
-    def append_step(
-        self,
-        run: Run,
-        idx: int,
-        tool: str,
-        given: str,
-        *,
-        policy: str | None = None,
-        tool_version: str | None = None,
-        delay: float | None = None,
-    ) -> int:
-        with self._cancel_aware(run), self.transaction() as tx:
-            return commits.append(
-                tx, run, idx, tool, given, policy=policy, tool_version=tool_version, delay=delay
-            )
-
     def end_run(self, run: Run) -> None:
         lock = self._locks.pop(run.run_id, None)
         if lock is not None:
@@ -525,7 +439,7 @@ class SQLiteStore(SQLiteBase):
             if grant is None or step is not None or grant(found) is None:
                 retry_target(found, step)
 
-        with self._operator(task_id, check) as tx:
+        with self.operator(task_id, check) as tx:
             conn, now = tx.conn, tx.now
             task = self.load(conn, task_id)
             granted = grant(task) if grant is not None and step is None else None
@@ -546,7 +460,7 @@ class SQLiteStore(SQLiteBase):
         return self.get_task(task_id)
 
     @contextmanager
-    def _operator(
+    def operator(
         self, task_id: str, check: Callable[[Task], object]
     ) -> Iterator[SQLiteTransaction]:
         """A person's command on a task (retry, a decision): ``check`` refuses it
@@ -566,46 +480,6 @@ class SQLiteStore(SQLiteBase):
                 yield tx
         finally:
             lock.release()
-
-    def cancel_task(
-        self, task_id: str, run_id: str, *, reason: str | None = None
-    ) -> tuple[Task, bool]:
-        with self.transaction() as tx:
-            return commits.cancel(tx, task_id, run_id, reason)
-
-    def fork_task(
-        self,
-        source_id: str,
-        new_id: str,
-        start: int,
-        run_id: str,
-        *,
-        queue: str | None = None,
-        artifacts: str | None = None,
-    ) -> Task:
-        try:
-            with self.transaction() as tx:
-                return commits.fork(
-                    tx, source_id, new_id, start, run_id, queue=queue, artifacts=artifacts
-                )
-        except sqlite3.IntegrityError as exc:
-            raise TaskExists(f"task {new_id!r} already exists") from exc
-
-    def park_step(self, run: Run, idx: int, status: StepStatus, data: dict[str, Any]) -> None:
-        with self.transaction() as tx:
-            tx.fence(run, TaskStatus(status.value))
-            commits.park(tx, run.task_id, run.run_id, idx, status, data)
-
-    def settle_step(
-        self, run: Run, idx: int, *, output: str | None = None, block: str | None = None
-    ) -> None:
-        with self.transaction() as tx:
-            commits.settle(tx, run, idx, output=output, block=block)
-
-    def decide_step(self, task_id: str, run_id: str, idx: int, decision: Decision) -> Task:
-        with self._operator(task_id, lambda found: decision_target(found, idx, decision)) as tx:
-            commits.decide(tx, task_id, run_id, idx, decision)
-        return self.get_task(task_id)
 
     def events(self, task_id: str) -> list[Event]:
         with self._read() as conn:
@@ -629,12 +503,3 @@ class SQLiteStore(SQLiteBase):
         except sqlite3.Error as exc:
             return [f"quick_check failed: {describe(exc)}"]
         return quick_check_findings(rows)
-
-    def close(self) -> None:
-        for lock in self._locks.values():
-            lock.release()
-        self._locks.clear()
-        if self._group is not None:
-            self._group.detach()
-            self._group = None
-        self._conn.close()
