@@ -66,7 +66,7 @@ from .store import Store, lease_settings, open_store
 from .tools import Registry
 
 if TYPE_CHECKING:
-    from .store.sqlite_group import GroupCommitter
+    from .store.sqlite.group import GroupCommitter
 
 #: How long the worker leaves alone a task it could not run (say, a tool missing on this host).
 SKIP_SECONDS = 60.0
@@ -95,7 +95,7 @@ class WorkerOptions:
     poll: float = 1.0
     grace: float = 30.0
     drain: bool = False
-    #: Commit the slots' transitions in batches (SQLite only; :mod:`.store.sqlite_group`).
+    #: Commit the slots' transitions in batches (SQLite only; :mod:`.store.sqlite.group`).
     group_commit: bool = False
     #: The longest a transition waits for others to join its batch, in seconds.
     group_linger: float = 0.002
@@ -259,8 +259,8 @@ class Worker:
         so there the option is logged as off and each slot commits alone."""
         if not self.options.group_commit:
             return None
-        from .store.sqlite import SQLiteStore
-        from .store.sqlite_group import GroupCommitter
+        from .store.sqlite.group import GroupCommitter
+        from .store.sqlite.store import SQLiteStore
 
         if not all(isinstance(store, SQLiteStore) for store in stores):
             self.note("-", "group_commit_off", reason="sqlite_only")

@@ -63,7 +63,7 @@ def test_the_probe_sees_heavy_imports() -> None:
     # The control: the store and the lock-file naming do load sqlite3 and
     # hashlib, and the same probe reports them.
     modules = loaded_by(
-        "import ninelives.store.sqlite, ninelives.locking\n"
+        "import ninelives.store.sqlite.store, ninelives.locking\n"
         "ninelives.locking.lock_path('state.db', 't')"
     )
     assert "sqlite3" in modules
@@ -84,6 +84,6 @@ def test_status_and_export_read_without_the_runtime(sqlite_lab: Lab) -> None:
             f"    assert main([{command!r}, 't']) == 0\n"
         )
         modules = loaded_by(code)
-        assert "ninelives.store.sqlite_reader" in modules  # the control: it did read
+        assert "ninelives.store.sqlite.reader" in modules  # the control: it did read
         heavy = ("ninelives.runtime", "ninelives.settings", "ninelives.tools", "ninelives.policy")
         assert [m for m in modules if m.startswith(heavy)] == [], command

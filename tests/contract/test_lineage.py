@@ -236,7 +236,8 @@ def test_negative_control_a_fence_blind_to_cancel_lets_the_runner_start_a_step(
     """With the fence's ``status <> 'cancelled'`` removed (the fence before
     cancel existed), the runner starts its next step on a cancelled task and
     even writes its status back to running: the fence is what stops it."""
-    from ninelives.store import postgres_session, sqlite
+    from ninelives.store.postgres import base as postgres_session
+    from ninelives.store.sqlite import base as sqlite
 
     queries = sqlite.Q if backend == "sqlite" else postgres_session.Q
     # SQLite reads the fence of a step inside a run; PostgreSQL's step transitions

@@ -42,7 +42,7 @@ def open_(url: str) -> Iterator[Opener]:
 
     def opener() -> Store:
         if is_postgres_url(url):
-            from ninelives.store.postgres import PostgresStore
+            from ninelives.store.postgres.store import PostgresStore
 
             store: Store = PostgresStore(url, lease=5.0)
         else:

@@ -44,7 +44,7 @@ def open_(url: str) -> Iterator[Opener]:
 
     def opener(*, lease: float = LEASE, heartbeat: float | None = None) -> Store:
         if is_postgres_url(url):
-            from ninelives.store.postgres import PostgresStore
+            from ninelives.store.postgres.store import PostgresStore
 
             store: Store = PostgresStore(url, lease=lease, heartbeat=heartbeat)
         else:

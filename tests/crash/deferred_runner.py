@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from ninelives import cli
-from ninelives.store.sqlite import SQLiteStore
+from ninelives.store.sqlite.store import SQLiteStore
 
 REWRITTEN: list[str] = []
 

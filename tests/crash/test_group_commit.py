@@ -25,8 +25,8 @@ import pytest
 
 from ninelives.errors import CommitUnknown, LeaseLost
 from ninelives.plan import plan_from_dict
-from ninelives.store.sqlite import SQLiteStore
-from ninelives.store.sqlite_group import GroupCommitter
+from ninelives.store.sqlite.group import GroupCommitter
+from ninelives.store.sqlite.store import SQLiteStore
 from ninelives.testing import Lab
 
 TOOLS = Path(__file__).with_name("effect_tools.py")

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from ninelives.plan import plan_from_dict
-from ninelives.store.sqlite import SQLiteStore
+from ninelives.store.sqlite.store import SQLiteStore
 
 PLAN = plan_from_dict({"goal": "g", "steps": [{"tool": "fetch", "input": {"path": "a"}}]})
 

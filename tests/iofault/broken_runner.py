@@ -17,7 +17,7 @@ from typing import Any
 
 from ninelives import cli, diskio
 from ninelives.errors import CommitUnknown, EffectUnknown, ToolError
-from ninelives.store.sqlite import SQLiteStore
+from ninelives.store.sqlite.store import SQLiteStore
 
 MODE = sys.argv.pop(1)
 _finish_step = SQLiteStore.finish_step

@@ -395,7 +395,7 @@ ONE_STEP = {"goal": "g", "steps": [{"tool": "fetch", "input": {"path": "input/no
 
 
 def test_sqlite_claims_look_past_the_first_page_of_candidates(tmp_path: Path) -> None:
-    from ninelives.store.sqlite import SQLiteStore
+    from ninelives.store.sqlite.store import SQLiteStore
 
     db = str(tmp_path / "state.db")
     count = 70  # past a page of candidates (64)

@@ -140,7 +140,7 @@ def test_an_expired_lease_nobody_took_is_renewed_by_its_holder(pg_database: str)
     makes a task claimable, it does not take it away. Until another runner claims
     it (a new epoch), the holder's renewal, commit or check before a tool succeeds
     and extends the lease: nothing can have been committed or started under another epoch."""
-    from ninelives.store.postgres import PostgresStore
+    from ninelives.store.postgres.store import PostgresStore
 
     lease = 0.6
     holder = PostgresStore(pg_database, lease=lease, heartbeat=3600)  # never beats
@@ -167,7 +167,7 @@ def test_an_expired_lease_nobody_took_is_renewed_by_its_holder(pg_database: str)
 
 
 def test_an_expired_lease_another_runner_took_is_not_renewed(pg_database: str) -> None:
-    from ninelives.store.postgres import PostgresStore
+    from ninelives.store.postgres.store import PostgresStore
 
     lease = 0.6
     holder = PostgresStore(pg_database, lease=lease, heartbeat=3600)

@@ -21,7 +21,7 @@ from psycopg import pq
 
 from ninelives.errors import LeaseLost, StoreError
 from ninelives.plan import plan_from_dict
-from ninelives.store.postgres import PostgresStore
+from ninelives.store.postgres.store import PostgresStore
 
 pytestmark = pytest.mark.postgres
 

@@ -14,7 +14,7 @@ import pytest
 from ninelives.errors import TaskExists
 from ninelives.runtime import Runtime
 from ninelives.settings import Settings
-from ninelives.store.sqlite import SQLiteStore
+from ninelives.store.sqlite.store import SQLiteStore
 from ninelives.testing.apswconn import EMPTY, ApswConnection, CommitTracker
 from ninelives.testing.disklayer import (
     SECTOR,

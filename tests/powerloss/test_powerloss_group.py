@@ -1,5 +1,5 @@
 """Power cuts with group commit on: the guide's task written through a
-:class:`~ninelives.store.sqlite_group.GroupCommitter` (savepoints inside one
+:class:`~ninelives.store.sqlite.group.GroupCommitter` (savepoints inside one
 transaction, the COMMIT by the committer) loses no acknowledged commit.
 
 The harness counts a write as acknowledged where its caller sees it: when the
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ninelives.store.sqlite_group import GroupCommitter
+from ninelives.store.sqlite.group import GroupCommitter
 from ninelives.testing.powerloss import (
     Controls,
     Cut,

@@ -10,7 +10,7 @@ import pytest
 from ninelives import cli
 from ninelives.errors import StoreError
 from ninelives.store import open_store
-from ninelives.store.sqlite_files import MIN_SQLITE, check_sqlite_version
+from ninelives.store.sqlite.files import MIN_SQLITE, check_sqlite_version
 
 
 @pytest.mark.parametrize("version", [(3, 34, 1), (3, 8, 0), (2, 99, 99)])

@@ -3,7 +3,7 @@
 The store talks to ``sqlite3.Connection``; the power-loss harness needs SQLite
 on a Python VFS, which only apsw offers (stdlib ``sqlite3`` cannot see an apsw
 VFS: it links another copy of the library). :class:`ApswConnection` is the
-subset of ``sqlite3.Connection`` that :class:`~ninelives.store.sqlite.SQLiteStore`
+subset of ``sqlite3.Connection`` that :class:`~ninelives.store.sqlite.store.SQLiteStore`
 uses, over an apsw connection, with apsw errors turned into the ``sqlite3``
 exceptions (and ``sqlite_errorname``) the stdlib would raise. It also records,
 in a :class:`CommitTracker`, the database state of each commit, of the one in

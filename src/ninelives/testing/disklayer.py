@@ -548,9 +548,9 @@ class EffectsOS:
 
 @contextmanager
 def store_through(proxy: EffectsOS) -> Iterator[None]:
-    """Route the ``os`` calls of :mod:`ninelives.store.sqlite` (its own fsync of the
+    """Route the ``os`` calls of :mod:`ninelives.store.sqlite.base` (its own fsync of the
     database folder, the file it creates) through ``proxy`` for the block."""
-    from ..store import sqlite as store_module
+    from ..store.sqlite import base as store_module
 
     namespace = vars(store_module)
     saved = namespace["os"]

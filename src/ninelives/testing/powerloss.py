@@ -40,8 +40,8 @@ from ..errors import NineLivesError, UnknownTask
 from ..runtime import Runtime
 from ..runtime import open as open_runtime
 from ..settings import Settings
-from ..store.sqlite import SQLiteStore
-from ..store.sqlite_group import GroupCommitter, early_release
+from ..store.sqlite.group import GroupCommitter, early_release
+from ..store.sqlite.store import SQLiteStore
 from ..tools.builtin import default_registry, stub_summary
 from ..verify import verify_store
 from .apswconn import EMPTY, ApswConnection, CommitTracker, DbState, read_state
@@ -92,7 +92,7 @@ class Controls:
     #: Store blobs without fsyncing their folder (with ``blob_threshold``).
     drop_blob_dirsync: bool = False
     #: Not a control: the run writes through a group committer
-    #: (:mod:`ninelives.store.sqlite_group`), as ``worker --group-commit`` does.
+    #: (:mod:`ninelives.store.sqlite.group`), as ``worker --group-commit`` does.
     group_commit: bool = False
     #: With ``group_commit``: the committer releases each write to its caller
     #: before the COMMIT that holds it (its test-only switch).

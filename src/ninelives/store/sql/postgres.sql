@@ -126,7 +126,7 @@ UPDATE steps SET status = 'pending' WHERE task_id = %(id)s AND status = 'running
 -- cancelled task closes the fence too (the runner then reads why: see
 -- ninelives.lineage); a cancel never moves the epoch. A closed fence fails the
 -- statement: a "refusal", a cast error carrying the client's token, which
--- postgres_session.py turns back into the runner's exception. The server then
+-- store/postgres/base.py turns back into the runner's exception. The server then
 -- skips the transaction's later statements and its COMMIT, sent in the same
 -- flush: a fenced commit needs no round trip of its own to learn the fence held.
 -- (Not 1/0 or a constant cast: the planner would fold those and always fail.)

@@ -38,44 +38,41 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import psycopg
 from psycopg import errors as pg_errors
 
-from .. import crashpoints, lineage
-from ..blobs import resolve_task
-from ..errors import LeaseLost, StoreError, TaskBusy, TaskExists, UnknownTask
-from ..journal import dumps
-from ..models import APPROVAL_TOOL, Event, EventKind, Run, Step, StepStatus, Task, TaskStatus
-from ..plan import Plan
-from . import (
-    DEFAULT_LEASE,
-    Appended,
-    Decision,
-    Grant,
-    fencing_disabled,
-    heartbeat_disabled,
-    postgres_parking,
-    postgres_steps,
-    recovery_limit_reason,
-    retry_target,
-    step_rows,
-    task_exists,
+from ... import crashpoints, lineage
+from ...errors import StoreError, TaskBusy, TaskExists, UnknownTask
+from ...models import (
+    APPROVAL_TOOL,
+    Event,
+    EventKind,
+    Run,
+    Step,
+    Task,
+    TaskStatus,
 )
-from .conninfo import Redactor, redact_url
-from .postgres_blobs import TableBlobs
-from .postgres_housekeeping import PostgresHousekeeping
-from .postgres_session import (
+from ...plan import Plan
+from .. import commits
+from ..base import Appended, Grant
+from ..conninfo import Redactor, redact_url
+from ..leases import DEFAULT_LEASE, fencing_disabled, heartbeat_disabled
+from ..rules import recovery_limit_reason, retry_target, step_rows, task_exists
+from . import runner
+from .base import (
     LOCK_TIMEOUT_MS,
     Conn,
+    Heartbeat,
+    Lease,
+    PostgresTransaction,
     Q,
-    _Heartbeat,
-    _Lease,
-    _scalar,
+    scalar,
 )
+from .blobs import TableBlobs
+from .housekeeping import PostgresHousekeeping
 
 
 def redact(url: str) -> str:
@@ -83,12 +80,14 @@ def redact(url: str) -> str:
     return redact_url(url)
 
 
-class PostgresStore(PostgresHousekeeping):
+class PostgresStore(PostgresHousekeeping, commits.SharedCommits):
     """A :class:`~ninelives.store.Store` on one PostgreSQL database.
 
     One runner thread per store (plus its heartbeat thread); a worker with
     several slots opens one store per slot.
     """
+
+    duplicate_key = pg_errors.UniqueViolation
 
     def __init__(
         self,
@@ -123,8 +122,8 @@ class PostgresStore(PostgresHousekeeping):
             )
         self._owner = f"{socket.gethostname()}/{os.getpid()}"
         self._mutex = threading.Lock()
-        self._leases: dict[str, _Lease] = {}
-        self._heartbeat: _Heartbeat | None = None
+        self._leases: dict[str, Lease] = {}
+        self._heartbeat: Heartbeat | None = None
         self._conn: Conn | None = None
         self._pipe: psycopg.Pipeline | None = None
         self._checks: list[Callable[[], None]] = []
@@ -140,42 +139,27 @@ class PostgresStore(PostgresHousekeeping):
 
     # -- leases -------------------------------------------------------------
 
-    def _renewed(self, lease: _Lease, sent: float, *, ok: bool) -> None:
-        with self._mutex:
-            if ok:
-                lease.valid_until = max(lease.valid_until, sent + self.lease)
-            else:
-                lease.lost = True
-
     def _hold(self, run: Run, sent: float) -> None:
-        lease = _Lease(run, self._owner, sent + self.lease)
+        lease = Lease(run, self._owner, sent + self.lease)
         self._leases[run.run_id] = lease
         if not self._beating:
             return
         if self._heartbeat is None:
-            self._heartbeat = _Heartbeat(self)
+            self._heartbeat = Heartbeat(self)
         self._heartbeat.add(lease)
+
+    @contextmanager
+    def fenced(self, run: Run) -> Iterator[PostgresTransaction]:
+        """A runner's transaction; its commit renews the lease."""
+        sent = time.monotonic()
+        with self.transaction() as tx:
+            yield tx
+        self._after_commit(run, sent)
 
     def _after_commit(self, run: Run, sent: float) -> None:
         lease = self._leases.get(run.run_id)
         if lease is not None:
             self._renewed(lease, sent, ok=True)
-
-    def _lost(self, run: Run) -> LeaseLost:
-        return LeaseLost(
-            f"task {run.task_id!r} was taken over by another runner (epoch {run.epoch} "
-            "is no longer current); this runner stops without writing"
-        )
-
-    def _fence(self, conn: Conn, run: Run, status: TaskStatus) -> None:
-        """The first statement of every fenced transaction; a closed fence is a
-        refusal (:class:`LeaseLost`), so nothing after it is written."""
-        params = {
-            **self._lease_params(run),
-            "status": status.value,
-            "refusal": self._refusal(lambda: self._lost(run)),
-        }
-        conn.execute(Q["fence" if self._fencing else "fence_unchecked"], params)
 
     def _unlock_quietly(self, task_id: str, epoch: int) -> None:
         try:
@@ -183,25 +167,15 @@ class PostgresStore(PostgresHousekeeping):
         except (psycopg.Error, StoreError):
             self._drop()  # a closed session holds no lock
 
-    @staticmethod
-    def _event(
-        conn: Conn,
-        task_id: str,
-        run_id: str,
-        kind: EventKind,
-        step: int | None = None,
-        data: dict[str, Any] | None = None,
-    ) -> None:
-        conn.execute(
-            Q["insert_event"],
-            {"id": task_id, "run": run_id, "kind": kind.value, "step": step,
-             "data": dumps(data or {})},
-        )  # fmt: skip
-
     # -- the Store protocol -------------------------------------------------
 
     def create_task(
-        self, task_id: str, plan: Plan, *, queue: str | None = None, artifacts: str | None = None
+        self,
+        task_id: str,
+        plan: Plan,
+        *,
+        queue: str | None = None,
+        artifacts: str | None = None,
     ) -> Task:
         run_id = os.urandom(16).hex()
         try:
@@ -220,8 +194,13 @@ class PostgresStore(PostgresHousekeeping):
                 )  # fmt: skip
                 with conn.cursor() as cur:
                     cur.executemany(Q["insert_step"], step_rows(task_id, plan))
-                self._event(
-                    conn, task_id, run_id, EventKind.TASK_CREATED, None, {"steps": len(plan.steps)}
+                self.journal_event(
+                    conn,
+                    task_id,
+                    run_id,
+                    EventKind.TASK_CREATED,
+                    None,
+                    {"steps": len(plan.steps)},
                 )
                 crashpoints.crash("create_before_commit")
         except pg_errors.UniqueViolation as exc:
@@ -232,19 +211,7 @@ class PostgresStore(PostgresHousekeeping):
         if self._empty:
             raise UnknownTask(f"unknown task {task_id!r} (no ninelives schema in {self._shown})")
         with self._read() as conn:
-            return self._load(conn, task_id)
-
-    def _load(self, conn: Conn, task_id: str, *, resolve: bool = True) -> Task:
-        """The task and its steps; outputs stored as blobs read back (checked)
-        unless ``resolve`` is False (rows as stored: escapes and references kept)."""
-        # Both sent before either reply is read: one round trip in a pipeline.
-        found = conn.execute(Q["get_task"], {"id": task_id})
-        steps = conn.execute(Q["get_steps"], {"id": task_id})
-        row = found.fetchone()
-        if row is None:
-            raise UnknownTask(f"unknown task {task_id!r}")
-        task = Task.from_row(row, tuple(Step.from_row(task_id, r) for r in steps))
-        return resolve_task(task, self.blobs.on(conn)) if resolve else task
+            return self.load(conn, task_id)
 
     def task_ids(self) -> list[str]:
         if self._empty:
@@ -272,7 +239,7 @@ class PostgresStore(PostgresHousekeeping):
                 if row is None:
                     raise UnknownTask(f"unknown task {task_id!r}")
                 held, live = row
-                found = self._load(conn, task_id)  # raising here writes nothing
+                found = self.load(conn, task_id)  # raising here writes nothing
                 if found.status is TaskStatus.CANCELLED:
                     raise lineage.cancelled(task_id)
                 lineage.check_plan(found)
@@ -282,7 +249,7 @@ class PostgresStore(PostgresHousekeeping):
                     check(found)
                 owner = f"{self._owner}/{run_id}"
                 params = {"id": task_id, "owner": owner, "lease": self.lease}
-                epoch = int(_scalar(conn, Q["claim"], params))
+                epoch = int(scalar(conn, Q["claim"], params))
                 claimed = epoch
                 run, task = self._recover(
                     conn,
@@ -309,12 +276,12 @@ class PostgresStore(PostgresHousekeeping):
         in the server's current life (a restart frees the locks of live holders).
         """
         holder = {"id": task_id, "epoch": held}
-        if not _scalar(conn, Q["holder_probe"], holder):
+        if not scalar(conn, Q["holder_probe"], holder):
             raise TaskBusy(
                 f"task {task_id!r} is being run by another live process (its lease is held)"
             )
         conn.execute(Q["holder_probe_end"], holder)
-        if not _scalar(conn, Q["holder_gone"], {"id": task_id}):
+        if not scalar(conn, Q["holder_gone"], {"id": task_id}):
             raise TaskBusy(
                 f"task {task_id!r} is held by a lease taken before the database server "
                 "restarted, so its holder may still be running: the lease is honoured until "
@@ -345,12 +312,19 @@ class PostgresStore(PostgresHousekeeping):
                 claimed = (row[0], row[1])
                 # The claim UPDATE is rolled back with the rest if the task is
                 # damaged or refused: nothing is written.
-                found = self._load(conn, row[0])
+                found = self.load(conn, row[0])
                 lineage.check_plan(found)
                 if check is not None:
                     check(found)
                 run, task = self._recover(
-                    conn, row[0], run_id, row[1], False, max_recoveries, None, on_unknown
+                    conn,
+                    row[0],
+                    run_id,
+                    row[1],
+                    False,
+                    max_recoveries,
+                    None,
+                    on_unknown,
                 )
         except BaseException:
             if claimed is not None:
@@ -372,23 +346,27 @@ class PostgresStore(PostgresHousekeeping):
     ) -> tuple[Run, Task]:
         conn.execute(Q["holder_lock"], {"id": task_id, "epoch": epoch})
         recovered = [r[0] for r in conn.execute(Q["running_steps"], {"id": task_id})]
-        rerun, probing = postgres_parking.recover(
-            self, conn, task_id, run_id, recovered, on_unknown
+        rerun, probing = commits.recover(
+            PostgresTransaction(self, conn), task_id, run_id, recovered, on_unknown
         )
         worn_out: tuple[int, int] | None = None
         for idx in rerun:
             if max_recoveries is not None and worn_out is None:
-                count = int(_scalar(conn, Q["recoveries"], {"id": task_id, "idx": idx})) + 1
+                count = int(scalar(conn, Q["recoveries"], {"id": task_id, "idx": idx})) + 1
                 if count > max_recoveries:
                     worn_out = (idx, count)
-            self._event(conn, task_id, run_id, EventKind.STEP_RECOVERED, idx)
-        self._event(conn, task_id, run_id, EventKind.RUN_STARTED, None, {"recovered": recovered})
+            self.journal_event(conn, task_id, run_id, EventKind.STEP_RECOVERED, idx)
+        self.journal_event(
+            conn, task_id, run_id, EventKind.RUN_STARTED, None, {"recovered": recovered}
+        )
         if worn_out is not None:
             idx, count = worn_out
             conn.execute(Q["step_failed"], {"id": task_id, "idx": idx})
             conn.execute(Q["fail_task"], {"id": task_id})
             reason = recovery_limit_reason(idx, count, max_recoveries)
-            self._event(conn, task_id, run_id, EventKind.TASK_FAILED, idx, {"reason": reason})
+            self.journal_event(
+                conn, task_id, run_id, EventKind.TASK_FAILED, idx, {"reason": reason}
+            )
         # Steps run in order: a step left running for its probe comes first.
         started = (
             self._start_first(conn, task_id, run_id, tool_version)
@@ -396,7 +374,7 @@ class PostgresStore(PostgresHousekeeping):
             else None
         )
         crashpoints.crash("recovery_before_commit")
-        task = self._load(conn, task_id)
+        task = self.load(conn, task_id)
         run = Run(
             task_id=task_id, run_id=run_id, epoch=epoch, recovered=tuple(recovered),
             started=started,
@@ -410,17 +388,17 @@ class PostgresStore(PostgresHousekeeping):
         run_id: str,
         tool_version: Callable[[str], str | None] | None = None,
     ) -> tuple[int, int] | None:
-        row = self._fetch(conn.execute(Q["first_pending"], {"id": task_id}))
+        row = self.fetch(conn.execute(Q["first_pending"], {"id": task_id}))
         if row is None or row[1] == APPROVAL_TOOL:  # an approval parks, never runs
             return None
         idx, tool = row
-        started = self._fetch(conn.execute(Q["step_running"], {"id": task_id, "idx": idx}))
+        started = self.fetch(conn.execute(Q["step_running"], {"id": task_id, "idx": idx}))
         if started is None:
             return None  # waiting out its backoff: the runner waits, then starts it
         attempt = int(started[0])
         version = tool_version(tool) if tool_version is not None else None
         data = lineage.started_data(tool, attempt, version)
-        self._event(conn, task_id, run_id, EventKind.STEP_STARTED, idx, data)
+        self.journal_event(conn, task_id, run_id, EventKind.STEP_STARTED, idx, data)
         return idx, attempt
 
     def check_lease(self, run: Run) -> None:
@@ -428,7 +406,7 @@ class PostgresStore(PostgresHousekeeping):
             return
         lease = self._leases.get(run.run_id)
         if lease is None or lease.lost:
-            raise self._lost(run)
+            raise self.lost(run)
         if time.monotonic() < lease.valid_until - self.lease / 2:
             return
         sent = time.monotonic()
@@ -439,15 +417,10 @@ class PostgresStore(PostgresHousekeeping):
             raise StoreError(f"cannot renew the lease on {self._shown}: {self._why(exc)}") from exc
         self._renewed(lease, sent, ok=cur.rowcount == 1)
         if lease.lost:
-            raise self._lost(run)
+            raise self.lost(run)
 
     def start_step(self, run: Run, idx: int, tool: str, *, tool_version: str | None = None) -> int:
-        return postgres_steps.start_step(self, run, idx, tool, tool_version=tool_version)
-
-    def _cancel_aware(self, run: Run, *settle: Any) -> AbstractContextManager[None]:
-        from . import postgres_lineage
-
-        return postgres_lineage.cancel_aware(self, run, *settle)
+        return runner.start_step(self, run, idx, tool, tool_version=tool_version)
 
     def finish_step(
         self,
@@ -460,43 +433,7 @@ class PostgresStore(PostgresHousekeeping):
         append: Sequence[Appended] = (),
         fail: str | None = None,
     ) -> None:
-        postgres_steps.finish_step(
-            self, run, idx, tool, output, last=last, append=append, fail=fail
-        )
-
-    def record_error(
-        self,
-        run: Run,
-        idx: int,
-        error: str,
-        max_attempts: int,
-        *,
-        delay: float | None = None,
-        permanent: bool = False,
-        detail: dict[str, Any] | None = None,
-    ) -> bool:
-        return postgres_steps.record_error(
-            self, run, idx, error, max_attempts, delay=delay, permanent=permanent, detail=detail
-        )
-
-    def checkpoint(self, run: Run, idx: int, progress: str) -> None:
-        postgres_steps.checkpoint(self, run, idx, progress)
-
-    def finish_task(self, run: Run, *, result: str | None = None) -> None:
-        postgres_steps.finish_task(self, run, result)
-
-    def append_step(
-        self,
-        run: Run,
-        idx: int,
-        tool: str,
-        given: str,
-        *,
-        policy: str | None = None,
-        tool_version: str | None = None,
-        delay: float | None = None,
-    ) -> int:
-        return postgres_steps.append_step(self, run, idx, tool, given, policy, tool_version, delay)
+        runner.finish_step(self, run, idx, tool, output, (last, append, fail))
 
     def end_run(self, run: Run) -> None:
         self._leases.pop(run.run_id, None)
@@ -519,69 +456,49 @@ class PostgresStore(PostgresHousekeeping):
         return int(row[0]) if row else 0
 
     def retry_task(
-        self, task_id: str, run_id: str, *, step: int | None = None, grant: Grant | None = None
+        self,
+        task_id: str,
+        run_id: str,
+        *,
+        step: int | None = None,
+        grant: Grant | None = None,
     ) -> Task:
-        with self._write() as conn:
-            conn.execute(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
-            row = conn.execute(Q["lease_state"], {"id": task_id}).fetchone()
-            if row is None:
-                raise UnknownTask(f"unknown task {task_id!r}")
-            held, live = row
-            if live:  # as in begin_run: free only if its holder is provably gone
-                self._take_over_early(conn, task_id, held)
-            task = self._load(conn, task_id)
+        with self.operator(task_id) as tx:
+            conn = tx.conn
+            task = self.load(conn, task_id)
             granted = grant(task) if grant is not None and step is None else None
             if granted is not None:
                 by, append, data = granted
-                postgres_steps.append_steps(self, conn, task_id, run_id, by, append)
+                runner.append_steps(self, conn, task_id, run_id, by, append)
                 conn.execute(Q["retry_task"], {"id": task_id})
-                self._event(conn, task_id, run_id, EventKind.TASK_RETRIED, None, data)
+                self.journal_event(conn, task_id, run_id, EventKind.TASK_RETRIED, None, data)
             else:
                 idx = retry_target(task, step)
                 conn.execute(Q["retry_task"], {"id": task_id})
                 conn.execute(Q["retry_step"], {"id": task_id, "idx": idx})
-                self._event(
+                self.journal_event(
                     conn, task_id, run_id, EventKind.TASK_RETRIED, idx,
                     {"attempts": task.steps[idx].attempts},
                 )  # fmt: skip
         return self.get_task(task_id)
 
-    def cancel_task(
-        self, task_id: str, run_id: str, *, reason: str | None = None
-    ) -> tuple[Task, bool]:
-        from .postgres_lineage import cancel_task
-
-        return cancel_task(self, task_id, run_id, reason)
-
-    def fork_task(
-        self,
-        source_id: str,
-        new_id: str,
-        start: int,
-        run_id: str,
-        *,
-        queue: str | None = None,
-        artifacts: str | None = None,
-    ) -> Task:
-        from .postgres_lineage import fork_task
-
-        try:
-            return fork_task(
-                self, source_id, new_id, start, run_id, queue=queue, artifacts=artifacts
-            )
-        except pg_errors.UniqueViolation as exc:
-            raise TaskExists(f"task {new_id!r} already exists") from exc
-
-    def park_step(self, run: Run, idx: int, status: StepStatus, data: dict[str, Any]) -> None:
-        postgres_parking.park_step(self, run, idx, status, data)
-
-    def settle_step(
-        self, run: Run, idx: int, *, output: str | None = None, block: str | None = None
-    ) -> None:
-        postgres_parking.settle_step(self, run, idx, output=output, block=block)
-
-    def decide_step(self, task_id: str, run_id: str, idx: int, decision: Decision) -> Task:
-        return postgres_parking.decide_step(self, task_id, run_id, idx, decision)
+    @contextmanager
+    def operator(
+        self, task_id: str, check: Callable[[Task], object] | None = None
+    ) -> Iterator[PostgresTransaction]:
+        """A person's command on a task (retry, a decision): the transaction takes
+        the task as a claim would, its holder provably gone (:class:`TaskBusy`
+        at once while a live runner holds it). ``check`` is left to the rule,
+        which reads the task inside the transaction."""
+        with self.transaction() as tx:
+            tx.conn.execute(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
+            row = tx.conn.execute(Q["lease_state"], {"id": task_id}).fetchone()
+            if row is None:
+                raise UnknownTask(f"unknown task {task_id!r}")
+            held, live = row
+            if live:  # as in begin_run: free only if its holder is provably gone
+                self._take_over_early(tx.conn, task_id, held)
+            yield tx
 
     def events(self, task_id: str) -> list[Event]:
         if self._empty:

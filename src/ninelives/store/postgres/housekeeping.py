@@ -13,12 +13,12 @@ from typing import Any
 
 import psycopg
 
-from .. import crashpoints
-from ..errors import StoreError
-from ..models import Deleted, MetricCounts, TaskHold, TaskSummary, step_durations
-from . import sql
-from .postgres_session import Q, Session
-from .sqlite_housekeeping import newest_first
+from ... import crashpoints
+from ...errors import StoreError
+from ...models import Deleted, MetricCounts, TaskHold, TaskSummary, step_durations
+from .. import sql
+from ..rules import newest_first
+from .base import Q, Session
 
 Conn = psycopg.Connection[Any]
 

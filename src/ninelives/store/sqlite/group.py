@@ -46,10 +46,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..errors import CommitUnknown, StoreError
+from ...errors import CommitUnknown, StoreError
 
 if TYPE_CHECKING:
-    from .sqlite import SQLiteStore
+    from .base import SQLiteBase
 
 #: Default linger: how long a batch waits for more writes once opened.
 DEFAULT_LINGER = 0.002
@@ -69,7 +69,10 @@ def early_release(path: str, env: dict[str, str] | None = None) -> bool:
     """
     env = dict(os.environ) if env is None else env
     value = env.get("NINELIVES_TEST_GROUP_EARLY_RELEASE", "")
-    return bool(value) and value in (_UNSAFE_PREFIX + path, _UNSAFE_PREFIX + os.path.realpath(path))
+    return bool(value) and value in (
+        _UNSAFE_PREFIX + path,
+        _UNSAFE_PREFIX + os.path.realpath(path),
+    )
 
 
 @dataclass(eq=False)
@@ -103,7 +106,7 @@ class GroupCommitter:
 
     def __init__(
         self,
-        carrier: SQLiteStore,
+        carrier: SQLiteBase,
         *,
         linger: float = DEFAULT_LINGER,
         max_batch: int = DEFAULT_MAX_BATCH,

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from ..blobs import CHUNK, BlobRef
-from ..errors import BlobUnreadable, CommitUnknown, StoreError
-from .postgres_session import Q
+from ...blobs import CHUNK, BlobRef
+from ...errors import BlobUnreadable, CommitUnknown, StoreError
+from .base import Q
 
 if TYPE_CHECKING:
-    from .postgres_session import Conn, Session
+    from .base import Conn, Session
 
 #: Chunks fetched per query when reading a blob.
 _READ_BATCH = 2

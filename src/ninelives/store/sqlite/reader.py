@@ -34,10 +34,11 @@ import sqlite3
 from collections.abc import Callable
 from typing import TypeVar
 
-from ..errors import StoreError, UnknownTask
-from ..models import Event, Step, Task
-from . import MissingStore, sql
-from .sqlite_files import (
+from ...errors import StoreError, UnknownTask
+from ...models import Event, Step, Task
+from .. import sql
+from ..base import MissingStore, ReadOnly
+from .files import (
     CONTRACT_TABLES,
     header,
     header_is_wal,
@@ -46,7 +47,7 @@ from .sqlite_files import (
     resolve,
     resolved_folder,
 )
-from .sqlite_housekeeping import SQLiteHousekeeping
+from .housekeeping import SQLiteHousekeeping
 
 Q = sql.load_queries("sqlite")
 T = TypeVar("T")
@@ -79,8 +80,9 @@ def _uri(path: str, **params: str) -> str:
     return f"file:{quoted}?{query}"
 
 
-class SQLiteReader(SQLiteHousekeeping):
-    """The reads of :class:`~ninelives.store.Store` on one SQLite file, opened read-only."""
+class SQLiteReader(ReadOnly, SQLiteHousekeeping):
+    """The reads of :class:`~ninelives.store.Store` on one SQLite file, opened
+    read-only; every commit is refused (:class:`~ninelives.store.ReadOnly`)."""
 
     dialect = "sqlite"
 
@@ -90,7 +92,7 @@ class SQLiteReader(SQLiteHousekeeping):
         ninelives database or has a newer schema, having changed nothing."""
         self.url = url
         self.path = path
-        from ..blobs import FolderBlobs, folder_for
+        from ...blobs import FolderBlobs, folder_for
 
         #: The database's blobs, read only (:mod:`ninelives.blobs`).
         self.blobs = FolderBlobs(folder_for(path), held=self.is_held)
@@ -132,7 +134,11 @@ class SQLiteReader(SQLiteHousekeeping):
     def _open(self, uri: str) -> sqlite3.Connection:
         try:
             conn = sqlite3.connect(
-                uri, uri=True, isolation_level=None, timeout=_BUSY_TIMEOUT, check_same_thread=False
+                uri,
+                uri=True,
+                isolation_level=None,
+                timeout=_BUSY_TIMEOUT,
+                check_same_thread=False,
             )
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open database {self.url}: {_describe(exc)}") from exc
@@ -263,7 +269,7 @@ class SQLiteReader(SQLiteHousekeeping):
         task = self._reading(load)
         if task is None:
             raise UnknownTask(f"unknown task {task_id!r}")
-        from ..blobs import resolve_task
+        from ...blobs import resolve_task
 
         return resolve_task(task, self.blobs)
 
@@ -295,10 +301,6 @@ class SQLiteReader(SQLiteHousekeeping):
         except StoreError as exc:
             return [f"quick_check failed: {exc}"]
         return quick_check_findings(rows)
-
-    def begin_run(self, task_id: str, run_id: str, *, start_first: bool = False) -> None:
-        """Readers do not run tasks."""
-        raise StoreError(f"database {self.url} is open read-only")
 
     def close(self) -> None:
         """Close the connection and drop the read lock; idempotent."""

@@ -26,14 +26,17 @@ from psycopg import pq
 if not logging.getLogger("psycopg").handlers:
     logging.getLogger("psycopg").addHandler(logging.NullHandler())
 
-from .. import crashpoints
-from ..errors import CommitUnknown, StoreError, TaskBusy
-from ..journal import dumps
-from ..models import Run
-from . import sql
+from ... import crashpoints
+from ...blobs import resolve_task
+from ...errors import LeaseLost, StoreError, TaskBusy, UnknownTask
+from ...journal import dumps
+from ...models import EventKind, Run, Step, Task, TaskStatus
+from .. import sql
+from ..commits import Journaling
+from ..rules import unknown_outcome
 
 if TYPE_CHECKING:
-    from .postgres import PostgresStore
+    from .blobs import TableBlobs
 
 Q = sql.load_queries("postgres")
 #: How a refusal reads in the server's error: see ``fence`` in ``sql/postgres.sql``.
@@ -51,7 +54,7 @@ def _say(exc: BaseException, scrub: Callable[[str], str] = str) -> str:
     return scrub(" ".join(str(exc).split()) or type(exc).__name__)
 
 
-def _scalar(conn: Conn, query: str, params: dict[str, Any]) -> Any:
+def scalar(conn: Conn, query: str, params: dict[str, Any]) -> Any:
     row = conn.execute(query, params).fetchone()
     if row is None:
         raise StoreError(f"query returned no row: {query.split()[0]}")
@@ -72,7 +75,7 @@ def around_attempt(data: dict[str, Any]) -> tuple[str, str]:
     return head, text[len(head) + 1 :]
 
 
-class _Lease:
+class Lease:
     """What this process knows of one lease it holds (mutable, guarded by a lock)."""
 
     __slots__ = ("lost", "owner", "run", "valid_until")
@@ -84,17 +87,17 @@ class _Lease:
         self.lost = False
 
 
-class _Heartbeat:
+class Heartbeat:
     """Renews a store's leases every ``interval`` seconds on a connection of its own."""
 
-    def __init__(self, store: PostgresStore) -> None:
+    def __init__(self, store: Session) -> None:
         self._store = store
-        self._leases: dict[str, _Lease] = {}
+        self._leases: dict[str, Lease] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="ninelives-heartbeat", daemon=True)
         self._thread.start()
 
-    def add(self, lease: _Lease) -> None:
+    def add(self, lease: Lease) -> None:
         with self._store._mutex:
             self._leases[lease.run.run_id] = lease
 
@@ -128,7 +131,7 @@ class _Heartbeat:
                     store._renewed(lease, sent, ok=cur.rowcount == 1)
                     key = (lease.run.task_id, lease.run.epoch)
                     if cur.rowcount == 1 and key not in locked:
-                        if _scalar(conn, Q["holder_lock"], {"id": key[0], "epoch": key[1]}):
+                        if scalar(conn, Q["holder_lock"], {"id": key[0], "epoch": key[1]}):
                             locked.add(key)
             except (psycopg.Error, StoreError):
                 if conn is not None:
@@ -147,7 +150,7 @@ class _Heartbeat:
 class Session:
     """One store's sessions: the runner's connection (made again when it breaks,
     with its holder locks taken again) and its transactions. The state is set
-    up by :class:`~ninelives.store.postgres.PostgresStore`."""
+    up by :class:`~ninelives.store.postgres.store.PostgresStore`."""
 
     dialect = "postgres"
     url: str
@@ -159,11 +162,12 @@ class Session:
     _scrub: Callable[[str], str]
     _shown: str
     _mutex: threading.Lock
-    _leases: dict[str, _Lease]
+    _leases: dict[str, Lease]
     _conn: Conn | None
     _pipe: psycopg.Pipeline | None
     _checks: list[Callable[[], None]]
     _refusals: list[Callable[[], Exception]]
+    blobs: TableBlobs
 
     # -- connections --------------------------------------------------------
 
@@ -233,7 +237,76 @@ class Session:
         except psycopg.Error:
             self._drop()
 
+    # -- leases
+    def _renewed(self, lease: Lease, sent: float, *, ok: bool) -> None:
+        with self._mutex:
+            if ok:
+                lease.valid_until = max(lease.valid_until, sent + self.lease)
+            else:
+                lease.lost = True
+
+    # -- the journal, the fence, the load ------------------------------------
+
+    def lost(self, run: Run) -> LeaseLost:
+        return LeaseLost(
+            f"task {run.task_id!r} was taken over by another runner (epoch {run.epoch} "
+            "is no longer current); this runner stops without writing"
+        )
+
+    def fence(self, conn: Conn, run: Run, status: TaskStatus) -> None:
+        """The first statement of every fenced transaction; a closed fence is a
+        refusal (:class:`LeaseLost`), so nothing after it is written."""
+        params = {
+            **self._lease_params(run),
+            "status": status.value,
+            "refusal": self.refusal(lambda: self.lost(run)),
+        }
+        conn.execute(Q["fence" if self._fencing else "fence_unchecked"], params)
+
+    @staticmethod
+    def journal_event(
+        conn: Conn,
+        task_id: str,
+        run_id: str,
+        kind: EventKind,
+        step: int | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        conn.execute(
+            Q["insert_event"],
+            {"id": task_id, "run": run_id, "kind": kind.value, "step": step,
+             "data": dumps(data or {})},
+        )  # fmt: skip
+
+    def load(self, conn: Conn, task_id: str, *, resolve: bool = True) -> Task:
+        """The task and its steps; outputs stored as blobs read back (checked)
+        unless ``resolve`` is False (rows as stored: escapes and references kept)."""
+        # Both sent before either reply is read: one round trip in a pipeline.
+        found = conn.execute(Q["get_task"], {"id": task_id})
+        steps = conn.execute(Q["get_steps"], {"id": task_id})
+        row = found.fetchone()
+        if row is None:
+            raise UnknownTask(f"unknown task {task_id!r}")
+        task = Task.from_row(row, tuple(Step.from_row(task_id, r) for r in steps))
+        return resolve_task(task, self.blobs.on(conn)) if resolve else task
+
     # -- transactions -------------------------------------------------------
+
+    @contextmanager
+    def transaction(self) -> Iterator[PostgresTransaction]:
+        """One write transaction (:meth:`_write`) for the shared rules."""
+        with self._write() as conn:
+            yield PostgresTransaction(self, conn)
+
+    def task_row(self, task_id: str) -> Any:
+        """``get_task``'s row of a task, read on its own, for
+        :func:`~ninelives.store.commits.cancel_aware`."""
+        with self._read() as conn:
+            return conn.execute(Q["get_task"], {"id": task_id}).fetchone()
+
+    def defer(self, check: Callable[[], None]) -> None:
+        """Run ``check`` once the replies sent so far are in, before COMMIT."""
+        self._checks.append(check)
 
     @contextmanager
     def _write(self) -> Iterator[Conn]:
@@ -322,7 +395,7 @@ class Session:
             self._drop()
             raise StoreError(f"database {self._shown}: the server closed the connection")
 
-    def _refusal(self, make: Callable[[], Exception]) -> str:
+    def refusal(self, make: Callable[[], Exception]) -> str:
         """A token for a statement of this transaction that the server fails
         when its check does not hold (a refusal: see ``fence`` in
         ``sql/postgres.sql``); the transaction then raises ``make()``."""
@@ -349,12 +422,12 @@ class Session:
         for check in checks:
             check()
 
-    def _fetch(self, cur: psycopg.Cursor[Any]) -> Any:
+    def fetch(self, cur: psycopg.Cursor[Any]) -> Any:
         """``cur.fetchone()`` once the deferred checks (the fence) have passed."""
         self._settle()
         return cur.fetchone()
 
-    def _expect_one(self, cur: psycopg.Cursor[Any], error: str) -> None:
+    def expect_one(self, cur: psycopg.Cursor[Any], error: str) -> None:
         """Defer: ``cur`` must have changed exactly one row, else StoreError(error)."""
 
         def check() -> None:
@@ -367,10 +440,7 @@ class Session:
         if isinstance(exc, pg_errors.LockNotAvailable):
             return TaskBusy("the task is being committed by another live runner; try again")
         if committing:
-            return CommitUnknown(
-                f"commit to {self._shown} failed ({self._why(exc)}); its outcome is unknown, "
-                "stopping now: the next run recovers"
-            )
+            return unknown_outcome(f"commit to {self._shown}", self._why(exc))
         return StoreError(f"database {self._shown}: {self._why(exc)}")
 
     @contextmanager
@@ -436,3 +506,54 @@ class Session:
 
     def _lease_params(self, run: Run) -> dict[str, Any]:
         return {"id": run.task_id, "epoch": run.epoch, "lease": self.lease}
+
+
+class PostgresTransaction(Journaling):
+    """One pipelined write transaction of a :class:`Session`: the
+    :class:`~ninelives.store.commits.Transaction` the shared rules commit
+    through. The server's clock is ``now``; checks are deferred or refusals."""
+
+    def __init__(self, session: Session, conn: Conn) -> None:
+        self.session, self.conn = session, conn
+
+    def run(self, query: str, params: dict[str, Any]) -> None:
+        self.conn.execute(Q[query], params)
+
+    def row(self, query: str, params: dict[str, Any]) -> Any:
+        return self.session.fetch(self.conn.execute(Q[query], params))
+
+    def rows(self, query: str, params: dict[str, Any]) -> list[Any]:
+        return self.conn.execute(Q[query], params).fetchall()
+
+    def changes_one(self, query: str, params: dict[str, Any], error: str) -> None:
+        self.session.expect_one(self.conn.execute(Q[query], params), error)
+
+    def load(self, task_id: str, *, resolve: bool = True) -> Task:
+        return self.session.load(self.conn, task_id, resolve=resolve)
+
+    def fence(self, run: Run, status: TaskStatus) -> None:
+        self.session.fence(self.conn, run, status)
+
+    def fence_cancelled(self, run: Run) -> None:
+        session = self.session
+        cur = self.conn.execute(Q["fence_cancelled"], {"id": run.task_id, "epoch": run.epoch})
+
+        def check() -> None:
+            if cur.rowcount != 1:
+                raise session.lost(run)
+
+        session.defer(check)
+
+    def lock_task(self, task_id: str) -> None:
+        if self.row("task_row_lock", {"id": task_id}) is None:
+            raise UnknownTask(f"unknown task {task_id!r}")
+
+    def lock_id(self, task_id: str) -> None:
+        self.run("task_id_lock", {"id": task_id})
+
+    def on_running_step(self, query: str, params: dict[str, Any]) -> None:
+        refusal = self.session.refusal(not_running(params["id"], params["idx"]))
+        self.run(query, {**params, "refusal": refusal})
+
+    def stored_folder(self, folder: str | None) -> str | None:
+        return folder

@@ -26,7 +26,7 @@ import os
 import stat
 from typing import Any
 
-from ..errors import StoreError
+from ...errors import StoreError
 
 #: The oldest SQLite library ninelives can use: ``UPDATE ... RETURNING`` is 3.35.
 MIN_SQLITE = (3, 35, 0)

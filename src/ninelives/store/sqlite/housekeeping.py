@@ -16,13 +16,21 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
-from .. import crashpoints
-from ..errors import StoreError
-from ..journal import dumps
-from ..locking import TASK_LOCK_NAME, TaskLock, is_held, lock_folder, lock_path, remove_lock
-from ..models import Deleted, MetricCounts, TaskHold, TaskSummary, step_durations
-from . import sql
-from .sqlite_files import resolved_folder
+from ... import crashpoints
+from ...errors import StoreError
+from ...journal import dumps
+from ...locking import (
+    TASK_LOCK_NAME,
+    TaskLock,
+    is_held,
+    lock_folder,
+    lock_path,
+    remove_lock,
+)
+from ...models import Deleted, MetricCounts, TaskHold, TaskSummary, step_durations
+from .. import sql
+from ..rules import newest_first
+from .files import resolved_folder
 
 Q = sql.load_queries("sqlite")
 T = TypeVar("T")
@@ -144,11 +152,6 @@ def _summaries(conn: sqlite3.Connection, ids: list[str], limit: int) -> list[Tas
     return newest_first([TaskSummary.from_row(r) for r in rows], limit)
 
 
-def newest_first(found: list[TaskSummary], limit: int) -> list[TaskSummary]:
-    """The ``limit`` newest of ``found``, ordered as the page queries order them."""
-    return sorted(found, key=lambda s: (s.created_at, s.id), reverse=True)[:limit]
-
-
 class SQLiteHousekeepingWrites(SQLiteHousekeeping):
     """The housekeeping writes of the store (not of the reader)."""
 
@@ -173,7 +176,11 @@ class SQLiteHousekeepingWrites(SQLiteHousekeeping):
         try:
             taken = [lock.task_id for lock in locks]
             with self._write() as conn:
-                params = {"ids": dumps(taken), "statuses": dumps(list(statuses)), "before": before}
+                params = {
+                    "ids": dumps(taken),
+                    "statuses": dumps(list(statuses)),
+                    "before": before,
+                }
                 gone = [r[0] for r in conn.execute(Q["gc_recheck"], params)]
                 which = {"ids": dumps(gone)}
                 events = conn.execute(Q["gc_events"], which).rowcount
@@ -191,7 +198,7 @@ class SQLiteHousekeepingWrites(SQLiteHousekeeping):
 
     def _locks_of(self, ids: Sequence[str]) -> Iterator[TaskLock]:
         """The locks of ``ids`` this process could take; a task held elsewhere is skipped."""
-        from ..errors import TaskBusy
+        from ...errors import TaskBusy
 
         for task_id in ids:
             if not os.path.exists(lock_path(self.path, task_id)):
