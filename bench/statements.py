@@ -107,10 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     floor = next((r for r in results if r["system"] == "minimal"), None)
     print(f"{'system':<20} {'statements/task':>16} {'commits/task':>13} {'vs minimal':>11}")
     for r in results:
-        ratio = r["statements_per_task"] / floor["statements_per_task"] if floor else 0.0
+        ratio = f"{r['statements_per_task'] / floor['statements_per_task']:.2f}x" if floor else "-"
         print(
             f"{r['system']:<20} {r['statements_per_task']:>16.1f} "
-            f"{r['commits_per_task']:>13.1f} {ratio:>10.2f}x"
+            f"{r['commits_per_task']:>13.1f} {ratio:>11}"
         )
         for statement, per_task in r["top"][: args.top]:
             print(f"    {per_task:5.1f}  {statement[:110]}")
