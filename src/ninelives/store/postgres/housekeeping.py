@@ -1,6 +1,6 @@
 """Housekeeping on PostgreSQL: the reads of ``ls``, ``gc`` and ``doctor`` and the
 writes of ``gc`` and ``doctor --fix``, mixed into
-:class:`~ninelives.store.postgres.PostgresStore`.
+:class:`~ninelives.store.postgres.store.PostgresStore`.
 
 Every query is named in ``sql/postgres.sql`` and reaches its rows through an
 index (migration 0007).

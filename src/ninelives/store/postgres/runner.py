@@ -1,6 +1,6 @@
 """A runner's step transitions on PostgreSQL: start, finish, error, progress, done.
 
-Functions of a :class:`~ninelives.store.postgres.PostgresStore` (the methods of
+Functions of a :class:`~ninelives.store.postgres.store.PostgresStore` (the methods of
 the Store protocol call them), kept out of that module so that it stays
 readable. Each is one fenced transaction. Starting and finishing a step, the
 two commits of every step, are one statement each (``start_step`` and
