@@ -45,7 +45,7 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from ... import crashpoints, lineage
-from ...errors import StoreError, TaskBusy, TaskExists, UnknownTask
+from ...errors import CommitUnknown, StoreError, TaskBusy, TaskExists, UnknownTask
 from ...models import (
     APPROVAL_TOOL,
     Event,
@@ -326,9 +326,15 @@ class PostgresStore(PostgresHousekeeping, commits.SharedCommits):
                     None,
                     on_unknown,
                 )
-        except BaseException:
+        except BaseException as exc:
             if claimed is not None:
                 self._unlock_quietly(*claimed)
+            elif isinstance(exc, CommitUnknown) and isinstance(exc.__cause__, psycopg.Error):
+                # The claim matched no task, so its transaction wrote nothing and
+                # the COMMIT's fate changes nothing: a connection lost there is a
+                # plain store error (a worker waits and polls again), not an
+                # unknown outcome that stops the process.
+                raise self._translate(exc.__cause__, committing=False) from exc.__cause__
             raise
         self._hold(run, sent)
         return run, task
