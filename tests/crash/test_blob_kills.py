@@ -115,17 +115,24 @@ def _blob_temps(lab: Lab) -> list[Path]:
 
 
 def _streaming(lab: Lab) -> subprocess.Popen[str]:
-    """A run of the guide's plan over a 96 MiB file, caught streaming it into the blob store."""
+    """A run of the guide's plan over a 96 MiB file, caught streaming it into the
+    blob store, and left stopped (SIGSTOP) there. Each look is taken while the run
+    is stopped: a run looked at while running could finish its temporary file
+    between the look and the caller's next step (seen on a quiet machine)."""
     lab.write_plan(GUIDE_PLAN)
     _big_file(lab, 96 << 20)
     assert lab.cli("create", TASK, "plan.json").returncode == 0
     proc = lab.spawn("run", TASK)
     deadline = time.monotonic() + 60
-    while not _writing(lab, None):
+    while True:
+        os.kill(proc.pid, signal.SIGSTOP)
+        os.waitpid(proc.pid, os.WUNTRACED)  # returns once it has really stopped
+        if _writing(lab, None):
+            return proc
+        os.kill(proc.pid, signal.SIGCONT)
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "the blob publish was never seen in progress"
         time.sleep(0.002)
-    return proc
 
 
 @pytest.mark.parametrize("cleaner", [("gc", "--older-than", "30d"), ("doctor", "--fix")])
@@ -159,8 +166,7 @@ def test_control_a_live_writers_temporary_file_is_never_removed(sqlite_lab: Lab)
     hours old): doctor does not name it, and neither doctor --fix nor gc removes
     it; the run then finishes as if nothing happened."""
     lab = sqlite_lab
-    proc = _streaming(lab)
-    os.kill(proc.pid, signal.SIGSTOP)
+    proc = _streaming(lab)  # stopped
     try:
         [temp] = _blob_temps(lab)
         size = temp.stat().st_size
