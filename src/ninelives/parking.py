@@ -171,7 +171,7 @@ def resolve(
     Either way ``step_resolved`` is journaled and the task becomes ``pending``.
     :class:`InputError` (nothing changed) for bad JSON or a step not blocked.
     """
-    from .runtime import new_run_id
+    from .names import new_run_id
 
     if (done is None) == (not retry):
         raise InputError("say either --done JSON (what the step output) or --retry")
@@ -208,7 +208,7 @@ def approve(
     step is ``done`` with ``{"approved": false, "note": ...}`` (``step_rejected``
     with ``outcome: answer``) and the task ``pending``, for the code to read.
     """
-    from .runtime import new_run_id
+    from .names import new_run_id
 
     if note is not None:
         try:

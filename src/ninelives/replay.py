@@ -103,7 +103,7 @@ class WorkflowContext(ChatCalls):
             step, attempt = self._enter(name, fn, args, kwargs)
             if attempt is None:
                 return value_of(step.output)
-            return self._attempts(step, attempt, _caller(fn, args, kwargs), _policy_of(fn))
+            return self._attempts(step, attempt, caller(fn, args, kwargs), policy_of(fn))
 
     @contextmanager
     def guard(self) -> Iterator[None]:
@@ -241,7 +241,7 @@ class WorkflowContext(ChatCalls):
         assert self._rt is not None
         assert self._run is not None
         given = _input(args, kwargs) if given is None else given
-        policy = {"on_unknown": "rerun", **_policy_of(fn)}
+        policy = {"on_unknown": "rerun", **policy_of(fn)}
         if self._stop is not None and self._stop():
             self._release()
         attempt = 1
@@ -335,7 +335,7 @@ class WorkflowContext(ChatCalls):
             try:
                 with rt._time_limit(run, step, attempt, limits):
                     value = call()
-                encoded = _encode(value, rt.settings.max_output)
+                encoded = encode_value(value, rt.settings.max_output)
             except CommitUnknown:
                 raise
             except (Exception, StepTimeout) as exc:
@@ -393,7 +393,7 @@ class WorkflowContext(ChatCalls):
         if self._rt is None or self._run is None:
             return
         try:
-            _encode(result, self._rt.settings.max_output)
+            encode_value(result, self._rt.settings.max_output)
             encoded = dumps(result)
         except Exception as exc:
             raise WorkflowError(
@@ -428,17 +428,19 @@ def _unsafe(name: str, url: str) -> bool:
     return thrown
 
 
-def _encode(value: Any, max_output: int) -> str:
+def encode_value(value: Any, max_output: int) -> str:
     """``{"value": value}`` as the JSON text a done commit stores (OutputRefused if not)."""
     encoded = encode_output({"value": value}, max_output)
     return escape(encoded) if needs_escape({"value": value}) else encoded
 
 
-def _policy_of(fn: Any) -> dict[str, Any]:
+def policy_of(fn: Any) -> dict[str, Any]:
+    """The step policy ``fn`` declares with :func:`ninelives.step` (``{}`` if none)."""
     return dict(fn.policy) if isinstance(fn, StepFunction) else {}
 
 
-def _caller(fn: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Callable[[], Any]:
+def caller(fn: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Callable[[], Any]:
+    """A call of ``fn`` (the function a declared step wraps) with these arguments."""
     target = fn.fn if isinstance(fn, StepFunction) else fn
     return lambda: target(*args, **kwargs)
 

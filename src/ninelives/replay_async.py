@@ -19,7 +19,7 @@ from .durable import CURRENT
 from .errors import CommitUnknown
 from .models import Step
 from .policy import StepTimeout, limits_for
-from .replay import WorkflowContext, _caller, _encode, _policy_of, value_of
+from .replay import WorkflowContext, caller, encode_value, policy_of, value_of
 from .replay_chat import AsyncChatCalls
 
 
@@ -34,8 +34,8 @@ class AsyncWorkflowContext(AsyncChatCalls, WorkflowContext):
             step, attempt = self._enter(name, fn, args, kwargs)
             if attempt is None:
                 return value_of(step.output)
-            call = _caller(fn, args, kwargs)
-            return await self._attempts_async(step, attempt, call, _policy_of(fn))
+            call = caller(fn, args, kwargs)
+            return await self._attempts_async(step, attempt, call, policy_of(fn))
 
     async def approval(self, name: str, prompt: str = "", *, on_reject: str = "fail") -> Any:
         """See :meth:`WorkflowContext.approval`."""
@@ -79,7 +79,7 @@ class AsyncWorkflowContext(AsyncChatCalls, WorkflowContext):
                     value = call()
                 if inspect.isawaitable(value):
                     value = await _limited(value, limits.timeout)
-                encoded = _encode(value, rt.settings.max_output)
+                encoded = encode_value(value, rt.settings.max_output)
             except CommitUnknown:
                 raise
             except (Exception, StepTimeout) as exc:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
@@ -20,7 +19,6 @@ from . import crashpoints
 from .errors import (
     CommitUnknown,
     InputError,
-    InvalidTaskId,
     PlanError,
     PlanMismatch,
     TaskExists,
@@ -42,6 +40,9 @@ from .models import (
     TaskStatus,
     is_workflow,
 )
+from .names import check_queue as check_queue
+from .names import check_task_id as check_task_id
+from .names import new_run_id as new_run_id
 from .policy import Limits, StepTimeout, describe, limits_for, retry_delay
 from .settings import Settings
 from .store import StepNotDue, Store, journal, open_store
@@ -52,27 +53,9 @@ if TYPE_CHECKING:
     from .plan import Plan
     from .tools import Registry, Tool
 
-# Patterns as text: re caches them compiled on first use (create), not at import.
-TASK_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
 _ELIDE = 60
 #: ``Settings.artifacts`` when nothing names a folder: a task's recorded folder wins over it.
 DEFAULT_ARTIFACTS = "artifacts"
-
-
-def check_task_id(task_id: str) -> str:
-    """Return ``task_id`` if it is plain data, else raise :class:`InvalidTaskId`.
-
-    An id is 1-128 characters of letters, digits, ``.``, ``_`` and ``-``,
-    starting with a letter or digit: it can never name a path (``..``,
-    ``a/b``, ``/abs``), an option (``-x``) or be empty, so artifact names
-    built from it stay inside their folder.
-    """
-    if not isinstance(task_id, str) or not re.fullmatch(TASK_ID_PATTERN, task_id):
-        raise InvalidTaskId(
-            f"invalid task id {task_id!r}: use 1-128 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
-        )
-    return task_id
 
 
 def prepare(
@@ -111,29 +94,10 @@ def _check_storable(plan: Plan) -> None:
         raise PlanError(f"plan refused: {exc}") from None
 
 
-QUEUE_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
-
-
-def check_queue(queue: str) -> str:
-    """Return ``queue`` if it is a plain name (1-64 letters, digits, ``.``, ``_``,
-    ``-``, starting with a letter or digit), else raise :class:`InputError`."""
-    if not isinstance(queue, str) or not re.fullmatch(QUEUE_PATTERN, queue):
-        raise InputError(
-            f"invalid queue name {queue!r}: use 1-64 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
-        )
-    return queue
-
-
 def _same_folder(a: str, b: str) -> bool:
     """Whether absolute folders ``a`` and ``b`` are one: the same name, or two
     names (one through a symlink) of the same real folder."""
     return a == b or os.path.realpath(a) == os.path.realpath(b)
-
-
-def new_run_id() -> str:
-    """A fresh run id: 32 hex digits."""
-    return os.urandom(16).hex()
 
 
 def _brief(output: Mapping[str, Any]) -> str:
@@ -452,7 +416,7 @@ class Runtime:
             raise cancelled(task_id)
         crashpoints.crash("after_recovery")  # the claim may have parked it: see after_claim
         from . import blobs
-        from .tools.effects import _TASK_ARTIFACTS
+        from .tools.effects import TASK_ARTIFACTS
 
         folder = self._artifacts_for(task)
         if run.recovered or any(s.attempts and s.status is StepStatus.PENDING for s in task.steps):
@@ -460,7 +424,7 @@ class Runtime:
             # running, or pending again if a kill came after the recovery's commit.
             # A fresh task skips listing folders that grow with every task.
             self._remove_orphans(task, folder)
-        token = _TASK_ARTIFACTS.set(folder)
+        token = TASK_ARTIFACTS.set(folder)
         blob_token = blobs.CURRENT.set((self.store.blobs, task_id))
         try:
             from .parking import after_claim
@@ -473,7 +437,7 @@ class Runtime:
             return self._steps(run, task, stop, max_wait)
         finally:
             blobs.CURRENT.reset(blob_token)
-            _TASK_ARTIFACTS.reset(token)
+            TASK_ARTIFACTS.reset(token)
 
     def _remove_orphans(self, task: Task, folder: str | None = None) -> None:
         """Delete the temporary files (artifacts, blobs) a killed run of ``task`` left."""

@@ -60,7 +60,8 @@ from .errors import (
     UnknownTask,
 )
 from .models import Run, StepProgress, Task, TaskStatus
-from .runtime import Runtime, check_queue, new_run_id
+from .names import check_queue, new_run_id
+from .runtime import Runtime
 from .settings import Settings
 from .store import Store, lease_settings, open_store
 from .tools import Registry

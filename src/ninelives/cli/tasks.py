@@ -28,8 +28,9 @@ from .output import flush, json_line, on_terminal, out, printable, say
 
 
 def cmd_create(args: argparse.Namespace) -> int:
-    from ..runtime import check_queue, prepare
+    from ..names import check_queue
     from ..runtime import open as open_rt
+    from ..runtime import prepare
     from ..tools.builtin import default_registry
 
     settings = settings_of(args)

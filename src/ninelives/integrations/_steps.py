@@ -44,7 +44,7 @@ async def durable(
     step ``policy`` (``@ninelives.step``'s keywords); its value, from the journal
     when the step is done already."""
     from ..durable import step
-    from ..replay import _caller, value_of
+    from ..replay import caller, value_of
     from ..replay_async import AsyncWorkflowContext
 
     ctx = ACTIVE.get()
@@ -56,7 +56,7 @@ async def durable(
     # The async attempt loop, on whichever context runs: it only awaits `fn`
     # between the commits the sync context makes.
     return await AsyncWorkflowContext._attempts_async(
-        ctx, found, attempt, _caller(target, args, {}), rules
+        ctx, found, attempt, caller(target, args, {}), rules
     )
 
 
