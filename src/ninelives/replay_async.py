@@ -75,7 +75,7 @@ class AsyncWorkflowContext(AsyncChatCalls, WorkflowContext):
             context = self._before(step, attempt)
             token = CURRENT.set(context)
             try:
-                with rt._time_limit(run, step, attempt, limits):
+                with rt.time_limit(run, step, attempt, limits):
                     value = call()
                 if inspect.isawaitable(value):
                     value = await _limited(value, limits.timeout)

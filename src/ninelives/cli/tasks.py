@@ -87,8 +87,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from ..runtime.worker import Worker, WorkerOptions
     from ..tools.builtin import default_registry
-    from ..worker import Worker, WorkerOptions
 
     options = WorkerOptions.from_env(
         args.db, queue=args.queue, concurrency=args.concurrency, lease=args.lease,
