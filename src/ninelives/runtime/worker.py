@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
-from typing import TYPE_CHECKING, Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..errors import (
     CommitUnknown,
@@ -62,12 +62,12 @@ from ..errors import (
 from ..models import Run, StepProgress, Task, TaskStatus
 from ..names import check_queue, new_run_id
 from ..settings import Settings
-from ..store import Store, lease_settings, open_store
+from ..store import Store, lease_settings, open_group_commit, open_store
 from ..tools import Registry
 from .core import Runtime
 
 if TYPE_CHECKING:
-    from ..store.sqlite.group import GroupCommitter
+    from ..store import GroupCommit
 
 #: How long the worker leaves alone a task it could not run (say, a tool missing on this host).
 SKIP_SECONDS = 60.0
@@ -253,22 +253,15 @@ class Worker:
                 group.close()  # every slot has ended: nothing is left to commit
         return self._outcome()
 
-    def _group(self, stores: list[Store]) -> GroupCommitter | None:
-        """With ``group_commit`` on SQLite: one committer all the slots write
-        through. PostgreSQL already shares WAL flushes between the slots'
-        connections (a backend's flush covers every commit record before it),
-        so there the option is logged as off and each slot commits alone."""
+    def _group(self, stores: list[Store]) -> GroupCommit | None:
+        """With ``group_commit``: one committer all the slots write through
+        (:func:`~ninelives.store.open_group_commit`); a backend without it (PostgreSQL
+        shares its WAL flushes already) logs the option as off."""
         if not self.options.group_commit:
             return None
-        from ..store.sqlite.group import GroupCommitter
-        from ..store.sqlite.store import SQLiteStore
-
-        if not all(isinstance(store, SQLiteStore) for store in stores):
+        group = open_group_commit(stores, self._open, linger=self.options.group_linger)
+        if group is None:
             self.note("-", "group_commit_off", reason="sqlite_only")
-            return None
-        group = GroupCommitter(cast(SQLiteStore, self._open()), linger=self.options.group_linger)
-        for store in stores:
-            cast(SQLiteStore, store).join_group(group)
         return group
 
     def _outcome(self) -> int:
