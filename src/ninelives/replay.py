@@ -101,7 +101,7 @@ class WorkflowContext(ChatCalls):
         """Run ``fn(*args, **kwargs)`` as the task's next durable step ``name``
         and return its value (from the journal when it is done already)."""
         with self.guard():
-            step, attempt = self._enter(name, fn, args, kwargs)
+            step, attempt = self.enter_step(name, fn, args, kwargs)
             if attempt is None:
                 return value_of(step.output)
             return self._attempts(step, attempt, caller(fn, args, kwargs), policy_of(fn))
@@ -132,7 +132,7 @@ class WorkflowContext(ChatCalls):
             given: dict[str, Any] = {"prompt": prompt}
             if on_reject == "answer":
                 given["on_reject"] = on_reject
-            step, attempt = self._enter(name, None, (), {}, given=given, delay=0.0, start=False)
+            step, attempt = self.enter_step(name, None, (), {}, given=given, delay=0.0, start=False)
             if attempt is None:
                 return step.output
             from .runtime.waits import wait_for_approval
@@ -147,7 +147,7 @@ class WorkflowContext(ChatCalls):
         a worker's slot does not wait it out: the task is released until due)."""
         with self.guard():
             wait = _seconds(seconds)
-            step, attempt = self._enter("ctx.sleep", None, (wait,), {}, delay=wait)
+            step, attempt = self.enter_step("ctx.sleep", None, (wait,), {}, delay=wait)
             if attempt is not None:
                 self._attempts(step, attempt, lambda: wait, {})
 
@@ -177,7 +177,7 @@ class WorkflowContext(ChatCalls):
         if CURRENT.get() is not None:
             raise PlanError("ctx.step was called inside a step: steps do not nest")
 
-    def _enter(
+    def enter_step(
         self,
         name: str,
         fn: Any,

@@ -31,11 +31,11 @@ class AsyncWorkflowContext(AsyncChatCalls, WorkflowContext):
         """Run ``fn(*args, **kwargs)`` (awaited when it is a coroutine function) as
         the task's next durable step ``name``; its value."""
         with self.guard():
-            step, attempt = self._enter(name, fn, args, kwargs)
+            step, attempt = self.enter_step(name, fn, args, kwargs)
             if attempt is None:
                 return value_of(step.output)
             call = caller(fn, args, kwargs)
-            return await self._attempts_async(step, attempt, call, policy_of(fn))
+            return await self.attempts_async(step, attempt, call, policy_of(fn))
 
     async def approval(self, name: str, prompt: str = "", *, on_reject: str = "fail") -> Any:
         """See :meth:`WorkflowContext.approval`."""
@@ -61,9 +61,12 @@ class AsyncWorkflowContext(AsyncChatCalls, WorkflowContext):
 
         return float(await self.step("ctx.random", random.random))
 
-    async def _attempts_async(
+    async def attempts_async(
         self, step: Step, attempt: int, call: Callable[[], Any], policy: Mapping[str, Any]
     ) -> Any:
+        """Awaited attempts of a step committed running, until one is done; the value.
+        Framework adapters (:mod:`ninelives.integrations`) call it on a sync
+        workflow's context too: it only awaits ``call`` between the commits."""
         assert self._rt is not None
         assert self._run is not None
         rt, run = self._rt, self._run

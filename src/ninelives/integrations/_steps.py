@@ -49,13 +49,13 @@ async def durable(
 
     ctx = ACTIVE.get()
     target: Any = step(name, **dict(policy))(fn) if policy else fn
-    found, attempt = ctx._enter(name, target, args, {})
+    found, attempt = ctx.enter_step(name, target, args, {})
     if attempt is None:
         return value_of(found.output)
     rules = dict(target.policy) if policy else {}
     # The async attempt loop, on whichever context runs: it only awaits `fn`
     # between the commits the sync context makes.
-    return await AsyncWorkflowContext._attempts_async(
+    return await AsyncWorkflowContext.attempts_async(
         ctx, found, attempt, caller(target, args, {}), rules
     )
 
