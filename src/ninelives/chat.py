@@ -34,6 +34,8 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .agentplan import check_callable as check_callable
+from .agentplan import require_validator as require_validator
 from .errors import InputError, PlanError, ToolError
 from .models import MAX_DEPTH, nested_deeper
 
@@ -75,24 +77,11 @@ def chat_request(
         if value:
             request[key] = value
     if request.get("engine"):
-        from .llm import ENGINES
+        from .names import ENGINES
 
         if request["engine"] not in ENGINES:
             raise InputError(f"chat: unknown engine {request['engine']!r} (known: {ENGINES})")
     return request
-
-
-def check_callable(names: Sequence[str], lookup: Callable[[str], Any]) -> None:
-    """Every tool in ``names`` exists and declares a JSON Schema, and the validator
-    that checks calls against them is installed (:class:`PlanError` if not)."""
-    require_validator()
-    for name in names:
-        tool = lookup(name)
-        if getattr(tool, "schema", None) is None:
-            raise PlanError(
-                f"agent tool {name!r} declares no input schema: a model can only call "
-                "tools that declare one"
-            )
 
 
 def check_offered(tools: Sequence[str], lookup: Callable[[str], Any]) -> None:
@@ -238,18 +227,6 @@ def schema_problem(schema: Mapping[str, Any], value: Any) -> str:
     except fastjsonschema.JsonSchemaException as exc:
         return str(exc.message)
     return ""
-
-
-def require_validator() -> Any:
-    """The JSON Schema validator, or a :class:`PlanError` saying how to install it."""
-    try:
-        import fastjsonschema
-    except ImportError:
-        raise PlanError(
-            "agents check tool calls against JSON Schemas with fastjsonschema: "
-            "pip install 'ninelives[agents]'"
-        ) from None
-    return fastjsonschema
 
 
 def shown_outputs(refs: Sequence[int], ctx: Mapping[int, Any]) -> list[str]:

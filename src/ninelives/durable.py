@@ -247,10 +247,10 @@ def parse_arguments(text: str) -> tuple[list[Any], dict[str, Any]]:
     :data:`~ninelives.models.MAX_DEPTH` deep; :class:`PlanError` (exit 4) otherwise."""
     import json
 
-    from .plan import _reject_constant
+    from .plan import reject_constant
 
     try:
-        raw = json.loads(text, parse_constant=_reject_constant)
+        raw = json.loads(text, parse_constant=reject_constant)
     except RecursionError:
         raise PlanError("--args is nested too deeply") from None
     except (ValueError, PlanError) as exc:
@@ -284,8 +284,8 @@ def prepare(
     :data:`~ninelives.models.MAX_DEPTH` levels; touches no store."""
     from .journal import storable
     from .models import MAX_DEPTH
-    from .plan import MAX_PLAN_BYTES, Plan, _depth
-    from .runtime import check_task_id
+    from .names import check_task_id
+    from .plan import MAX_PLAN_BYTES, Plan, depth
 
     check_task_id(task_id)
     if not isinstance(flow, Workflow):
@@ -294,7 +294,7 @@ def prepare(
         raise PlanError("workflow keyword arguments must have string names")
     _check_call(flow, args, kwargs)
     body = [list(args), dict(kwargs)]
-    if _depth(body[0]) > MAX_DEPTH or _depth(body[1]) > MAX_DEPTH:
+    if depth(body[0]) > MAX_DEPTH or depth(body[1]) > MAX_DEPTH:
         raise PlanError(f"workflow arguments are nested more than {MAX_DEPTH} levels deep")
     try:
         storable(body, "an argument")

@@ -280,10 +280,11 @@ def _findings(store: Any, artifacts: str, now: float) -> list[Finding]:
         )  # fmt: skip
     if stored < 5:  # the columns below came with 0002-0005
         return findings
-    wal = getattr(store, "wal_bytes", None)
-    if wal is not None and wal() > WAL_LIMIT:
+    local = store.local_files()
+    wal = local.wal_bytes() if local is not None else 0
+    if wal > WAL_LIMIT:
         findings.append(
-            Finding("wal", store.url, f"write-ahead log is {wal()} bytes",
+            Finding("wal", store.url, f"write-ahead log is {wal} bytes",
                     "ninelives doctor --fix (checkpoints it)", fixable=True)
         )  # fmt: skip
     dangling = store.dangling_rows()
@@ -303,10 +304,10 @@ def _findings(store: Any, artifacts: str, now: float) -> list[Finding]:
 
 def _running(store: Any) -> list[Finding]:
     found = []
-    sqlite = hasattr(store, "is_held")
+    local = store.local_files()
     for hold in store.tasks_in_status(TaskStatus.RUNNING.value):
-        if sqlite:
-            if store.is_held(hold.id):
+        if local is not None:  # a kernel lock holds a running task, not a lease
+            if local.is_held(hold.id):
                 continue
             why = "no live process holds its lock"
         elif hold.lease_owner is None:
@@ -343,12 +344,13 @@ def _lock_files(store: Any) -> list[Finding]:
     # Only task locks can be orphans: the blob store's lock (BLOBS_LOCK) is held
     # by every blob writer and sweep, and a name ninelives does not make is
     # not its to judge.
-    if not hasattr(store, "lock_files"):
+    local = store.local_files()
+    if local is None:
         return []
-    names = [n for n in store.lock_files() if n != BLOBS_LOCK and re.fullmatch(TASK_LOCK_NAME, n)]
+    names = [n for n in local.lock_files() if n != BLOBS_LOCK and re.fullmatch(TASK_LOCK_NAME, n)]
     if not names:
         return []
-    known = {os.path.basename(lock_path(store.path, task_id)) for task_id in store.task_ids()}
+    known = {os.path.basename(lock_path(local.path, task_id)) for task_id in store.task_ids()}
     return [
         Finding("lock", name, "lock file of a task that no longer exists",
                 "ninelives doctor --fix (removes it)", fixable=True)
@@ -359,9 +361,9 @@ def _lock_files(store: Any) -> list[Finding]:
 
 def _temp_files(store: Any, artifacts: str, now: float) -> list[Finding]:
     folders = {os.path.abspath(artifacts), *store.artifact_folders()}
-    path = getattr(store, "path", None)
-    if path is not None:
-        folders.add(os.path.dirname(path))
+    local = store.local_files()
+    if local is not None:
+        folders.add(os.path.dirname(local.path))
     found = []
     for folder in sorted(folders):
         try:

@@ -33,8 +33,8 @@ from typing import Any, Protocol
 
 from .errors import InputError, ToolError
 from .exchange import HttpStatus, ReplyTooLarge, post, redact, snippet
+from .names import ENGINES as ENGINES
 
-ENGINES = ("stub", "ollama", "openai")
 DEFAULT_URLS = {"ollama": "http://127.0.0.1:11434", "openai": "http://127.0.0.1:8080/v1"}
 DEFAULT_TIMEOUT = 120.0
 #: A reply larger than this is refused rather than held in memory.

@@ -17,7 +17,7 @@ from .errors import DamagedTask
 
 #: The tool of an agent's model turn (see :mod:`ninelives.agent`).
 AGENT_TOOL = "agent"
-#: The built-in tool of a step that waits for a person (see :mod:`ninelives.parking`).
+#: The built-in tool of a step that waits for a person (see :mod:`ninelives.runtime.waits`).
 APPROVAL_TOOL = "approval"
 #: How a workflow task's goal begins: the rest is the canonical JSON of its
 #: workflow name, version and arguments (see :mod:`ninelives.workflow`), so the

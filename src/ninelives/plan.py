@@ -17,7 +17,7 @@ from .errors import PlanError
 from .models import MAX_DEPTH
 
 if TYPE_CHECKING:
-    from .agent import AgentSpec
+    from .agentplan import AgentSpec
 
 MAX_PLAN_BYTES = 1 << 20
 MAX_STEPS = 10_000
@@ -49,11 +49,16 @@ class Plan:
     agent: AgentSpec | None = None
 
 
-def _reject_constant(name: str) -> Any:
+def reject_constant(name: str) -> Any:
+    """``parse_constant`` for :func:`json.loads`: refuse ``NaN`` and ``Infinity``,
+    which standard JSON (and so a store) cannot hold."""
     raise ValueError(f"{name} is not allowed")
 
 
-def _depth(value: Any) -> int:
+def depth(value: Any) -> int:
+    """How deeply ``value``'s lists and objects nest (1 for a scalar), counted
+    without recursion; any depth over :data:`~ninelives.models.MAX_DEPTH` is
+    reported as soon as it is seen."""
     deepest, stack = 0, [(value, 1)]
     while stack:
         item, level = stack.pop()
@@ -90,7 +95,7 @@ def parse_plan(text: str | bytes, *, name: str = "plan") -> Plan:
     if not text.strip():
         raise PlanError(f"{name} is empty: a plan is a JSON object with a 'steps' list")
     try:
-        raw = json.loads(text, parse_constant=_reject_constant)
+        raw = json.loads(text, parse_constant=reject_constant)
     except RecursionError:
         raise PlanError(f"{name} is nested more than {MAX_DEPTH} levels deep") from None
     except UnicodeDecodeError as exc:
@@ -112,7 +117,7 @@ def plan_from_dict(raw: Any) -> Plan:
         raise PlanError("plan 'goal' must be a string")
     agent = None
     if "agent" in raw:
-        from .agent import parse_spec
+        from .agentplan import parse_spec
 
         agent = parse_spec(raw["agent"])
     steps = raw.get("steps", [] if agent is not None else None)
@@ -128,7 +133,7 @@ def plan_from_dict(raw: Any) -> Plan:
     check_policy(defaults, "plan 'defaults'", only=True)
     specs = [_step_spec(idx, step, defaults) for idx, step in enumerate(steps)]
     if agent is not None:
-        from .agent import first_turn, turn_policy
+        from .agentplan import first_turn, turn_policy
         from .models import AGENT_TOOL
 
         # The first model turn follows the static steps; later turns and the
@@ -141,7 +146,7 @@ def plan_from_dict(raw: Any) -> Plan:
 def _check_storable(raw: Any) -> None:
     """Refuse JSON data that no store can hold as text: nested too deep, a lone
     surrogate, a NUL character, or not JSON data at all."""
-    if _depth(raw) > MAX_DEPTH:
+    if depth(raw) > MAX_DEPTH:
         raise PlanError(f"plan is nested more than {MAX_DEPTH} levels deep")
     try:
         # JSON allows "\ud800", but a lone surrogate cannot be stored as UTF-8
@@ -302,8 +307,7 @@ def validate(plan: Plan, lookup: Callable[[str], Any]) -> None:
     :class:`PlanError` for an unknown name.
     """
     if plan.agent is not None:
-        from .agent import call_policy
-        from .chat import check_callable
+        from .agentplan import call_policy, check_callable
 
         check_callable(plan.agent.tools, lookup)
         mode = (call_policy(plan.steps[-1].input) or {}).get("on_unknown")

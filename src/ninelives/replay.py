@@ -7,7 +7,8 @@ its idempotency key; a new step is appended and committed ``running`` in one
 transaction (:meth:`~ninelives.store.Store.append_step`) before ``fn`` runs,
 and ``done`` with its output after: the two commits, events, crash points,
 attempt limits, blobs, cancel checks and fencing of a plan step, through the
-runtime's own methods (``Runtime._start``, ``_record``, ``_record_error``).
+runner's own methods (:class:`~ninelives.runtime.steps.StepRunner`: ``begin_attempt``,
+``record_done``, ``record_error``).
 
 A call of another name than the journal's step k, or a return while the
 journal holds more steps, raises :class:`~ninelives.errors.WorkflowDiverged`
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import crashpoints
 from .blobs import escape, needs_escape
-from .durable import ACTIVE, CURRENT, StepFunction, Workflow, WorkflowSpec, lookup, spec_of
+from .durable import ACTIVE, CURRENT, StepFunction, Workflow, WorkflowSpec, spec_of
 from .errors import (
     CommitUnknown,
     NineLivesError,
@@ -46,7 +47,7 @@ from .policy import Limits, StepTimeout, limits_for
 from .replay_chat import ChatCalls
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from .runtime.steps import StepRunner
     from .tools import ToolContext
 
 #: Names a workflow's own step calls cannot take: the runtime gives them meaning.
@@ -72,7 +73,7 @@ class WorkflowContext(ChatCalls):
 
     def __init__(
         self,
-        rt: Runtime | None,
+        rt: StepRunner | None,
         run: Run | None,
         task: Task,
         *,
@@ -100,10 +101,10 @@ class WorkflowContext(ChatCalls):
         """Run ``fn(*args, **kwargs)`` as the task's next durable step ``name``
         and return its value (from the journal when it is done already)."""
         with self.guard():
-            step, attempt = self._enter(name, fn, args, kwargs)
+            step, attempt = self.enter_step(name, fn, args, kwargs)
             if attempt is None:
                 return value_of(step.output)
-            return self._attempts(step, attempt, _caller(fn, args, kwargs), _policy_of(fn))
+            return self._attempts(step, attempt, caller(fn, args, kwargs), policy_of(fn))
 
     @contextmanager
     def guard(self) -> Iterator[None]:
@@ -131,10 +132,10 @@ class WorkflowContext(ChatCalls):
             given: dict[str, Any] = {"prompt": prompt}
             if on_reject == "answer":
                 given["on_reject"] = on_reject
-            step, attempt = self._enter(name, None, (), {}, given=given, delay=0.0, start=False)
+            step, attempt = self.enter_step(name, None, (), {}, given=given, delay=0.0, start=False)
             if attempt is None:
                 return step.output
-            from .parking import wait_for_approval
+            from .runtime.waits import wait_for_approval
 
             assert self._rt is not None
             assert self._run is not None
@@ -146,7 +147,7 @@ class WorkflowContext(ChatCalls):
         a worker's slot does not wait it out: the task is released until due)."""
         with self.guard():
             wait = _seconds(seconds)
-            step, attempt = self._enter("ctx.sleep", None, (wait,), {}, delay=wait)
+            step, attempt = self.enter_step("ctx.sleep", None, (wait,), {}, delay=wait)
             if attempt is not None:
                 self._attempts(step, attempt, lambda: wait, {})
 
@@ -176,7 +177,7 @@ class WorkflowContext(ChatCalls):
         if CURRENT.get() is not None:
             raise PlanError("ctx.step was called inside a step: steps do not nest")
 
-    def _enter(
+    def enter_step(
         self,
         name: str,
         fn: Any,
@@ -241,7 +242,7 @@ class WorkflowContext(ChatCalls):
         assert self._rt is not None
         assert self._run is not None
         given = _input(args, kwargs) if given is None else given
-        policy = {"on_unknown": "rerun", **_policy_of(fn)}
+        policy = {"on_unknown": "rerun", **policy_of(fn)}
         if self._stop is not None and self._stop():
             self._release()
         attempt = 1
@@ -268,18 +269,18 @@ class WorkflowContext(ChatCalls):
             if stored.status is StepStatus.DONE:
                 return stored, None
         if stored.status is not StepStatus.PENDING:
-            from .parking import parked
+            from .runtime.waits import parked
 
             raise parked(rt.store.get_task(self.task_id))
         wait = max(0.0, stored.not_before - time.time()) if stored.not_before else 0.0
-        attempt = rt._start(run, stored, None, self._stop, wait, self._max_wait)
+        attempt = rt.begin_attempt(run, stored, None, self._stop, wait, self._max_wait)
         if attempt is None:
             self._release()
         return stored, attempt
 
     def _probe(self, step: Step, fn: Any) -> Step:
         """Ask the step's probe whether the effect of the attempt that died happened,
-        and commit the answer (as :func:`ninelives.parking.after_claim` does)."""
+        and commit the answer (as :func:`ninelives.runtime.waits.after_claim` does)."""
         assert self._rt is not None
         assert self._run is not None
         rt, run = self._rt, self._run
@@ -298,9 +299,9 @@ class WorkflowContext(ChatCalls):
         crashpoints.crash("probe_answered", step.idx)
         rt.store.settle_step(run, step.idx, output=output, block=block)
         answer = "happened" if output else "cannot tell" if block else "did not happen"
-        rt._say(f"{run.task_id}: step {step.idx} {step.tool} outcome unknown; probe: {answer}")
+        rt.say(f"{run.task_id}: step {step.idx} {step.tool} outcome unknown; probe: {answer}")
         if block is not None:
-            from .parking import parked
+            from .runtime.waits import parked
 
             raise parked(rt.store.get_task(run.task_id), block)
         settled = rt.store.get_task(run.task_id).steps[step.idx]
@@ -315,7 +316,7 @@ class WorkflowContext(ChatCalls):
         return ToolContext(
             task_id=self.task_id, step=step.idx, attempt=attempt, outputs={},
             idem_key=f"{self.task_id}-{step.idx}", progress=step.progress,
-            saver=self._rt._saver(self._run, step, time.monotonic()),
+            saver=self._rt.saver(self._run, step, time.monotonic()),
         )  # fmt: skip
 
     def _attempts(
@@ -333,9 +334,9 @@ class WorkflowContext(ChatCalls):
             context = self._before(step, attempt)
             token = CURRENT.set(context)
             try:
-                with rt._time_limit(run, step, attempt, limits):
+                with rt.time_limit(run, step, attempt, limits):
                     value = call()
-                encoded = _encode(value, rt.settings.max_output)
+                encoded = encode_value(value, rt.settings.max_output)
             except CommitUnknown:
                 raise
             except (Exception, StepTimeout) as exc:
@@ -359,11 +360,11 @@ class WorkflowContext(ChatCalls):
         assert self._rt is not None
         assert self._run is not None
         try:
-            wait = self._rt._record_error(self._run, step, attempt, exc, limits)
+            wait = self._rt.record_error(self._run, step, attempt, exc, limits)
         except TaskFailed as failed:
             self.dead = StepFailed(str(failed))
             raise self.dead from None
-        again = self._rt._start(self._run, step, None, self._stop, wait, self._max_wait)
+        again = self._rt.begin_attempt(self._run, step, None, self._stop, wait, self._max_wait)
         if again is None:
             self._release()
         return again
@@ -377,7 +378,7 @@ class WorkflowContext(ChatCalls):
             self._rt.store.append_step(
                 self._run, step.idx, step.tool, dumps(step.input), policy=dumps(step.policy)
             )
-        self._rt._record(
+        self._rt.record_done(
             self._run, step, output, encoded, last=False, took=time.monotonic() - began
         )
         self._steps[step.idx] = step._replace(status=StepStatus.DONE, output=output)
@@ -393,7 +394,7 @@ class WorkflowContext(ChatCalls):
         if self._rt is None or self._run is None:
             return
         try:
-            _encode(result, self._rt.settings.max_output)
+            encode_value(result, self._rt.settings.max_output)
             encoded = dumps(result)
         except Exception as exc:
             raise WorkflowError(
@@ -428,17 +429,19 @@ def _unsafe(name: str, url: str) -> bool:
     return thrown
 
 
-def _encode(value: Any, max_output: int) -> str:
+def encode_value(value: Any, max_output: int) -> str:
     """``{"value": value}`` as the JSON text a done commit stores (OutputRefused if not)."""
     encoded = encode_output({"value": value}, max_output)
     return escape(encoded) if needs_escape({"value": value}) else encoded
 
 
-def _policy_of(fn: Any) -> dict[str, Any]:
+def policy_of(fn: Any) -> dict[str, Any]:
+    """The step policy ``fn`` declares with :func:`ninelives.step` (``{}`` if none)."""
     return dict(fn.policy) if isinstance(fn, StepFunction) else {}
 
 
-def _caller(fn: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Callable[[], Any]:
+def caller(fn: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Callable[[], Any]:
+    """A call of ``fn`` (the function a declared step wraps) with these arguments."""
     target = fn.fn if isinstance(fn, StepFunction) else fn
     return lambda: target(*args, **kwargs)
 
@@ -456,38 +459,8 @@ def _input(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return given if args or kwargs else {}
 
 
-def drive(
-    rt: Runtime,
-    run: Run,
-    task: Task,
-    stop: Callable[[], bool] | None,
-    max_wait: float | None,
-) -> Task:
-    """Run a claimed workflow task's function from the top (see the module's doc)."""
-    from .parking import PARKED, parked
-
-    if task.status in PARKED:
-        raise parked(task)
-    spec = _spec(task)
-    flow = lookup(spec.name)
-    ctx = context_for(flow)(rt, run, task, stop=stop, max_wait=max_wait)
-    try:
-        ctx.finish(call(flow, ctx, spec))
-    except Released:
-        pass  # stopped before a step: nothing running, the task as it stands
-    return rt.store.get_task(run.task_id)
-
-
-def context_for(flow: Workflow) -> type[WorkflowContext]:
-    """The context class of ``flow``: awaitable steps for an ``async def``."""
-    if flow.is_async:
-        from .replay_async import AsyncWorkflowContext
-
-        return AsyncWorkflowContext
-    return WorkflowContext
-
-
-def _spec(task: Task) -> WorkflowSpec:
+def task_spec(task: Task) -> WorkflowSpec:
+    """The workflow and arguments a workflow task was created with (PlanError if none)."""
     spec = spec_of(task.goal)
     if spec is None:
         raise PlanError(f"task {task.id!r} is not a workflow task")
@@ -519,22 +492,3 @@ def call(flow: Workflow, ctx: WorkflowContext, spec: WorkflowSpec) -> Any:
         ) from None
     finally:
         ACTIVE.reset(token)
-
-
-def replay_check(task: Task) -> WorkflowDiverged | None:
-    """Replay ``task``'s function on the code loaded here without running any
-    step (stored outputs answer): the divergence found, or None."""
-    spec = _spec(task)
-    flow = lookup(spec.name)
-    ctx = context_for(flow)(None, None, task)
-    try:
-        ctx.finish(call(flow, ctx, spec))
-    except Released:
-        pass
-    except WorkflowDiverged as exc:
-        return exc
-    except WorkflowError:
-        pass  # the code fails past the journal: not a divergence of the journal
-    if isinstance(ctx.dead, WorkflowDiverged):
-        return ctx.dead
-    return None

@@ -19,7 +19,7 @@ from .durable import CURRENT
 from .errors import CommitUnknown
 from .models import Step
 from .policy import StepTimeout, limits_for
-from .replay import WorkflowContext, _caller, _encode, _policy_of, value_of
+from .replay import WorkflowContext, caller, encode_value, policy_of, value_of
 from .replay_chat import AsyncChatCalls
 
 
@@ -31,11 +31,11 @@ class AsyncWorkflowContext(AsyncChatCalls, WorkflowContext):
         """Run ``fn(*args, **kwargs)`` (awaited when it is a coroutine function) as
         the task's next durable step ``name``; its value."""
         with self.guard():
-            step, attempt = self._enter(name, fn, args, kwargs)
+            step, attempt = self.enter_step(name, fn, args, kwargs)
             if attempt is None:
                 return value_of(step.output)
-            call = _caller(fn, args, kwargs)
-            return await self._attempts_async(step, attempt, call, _policy_of(fn))
+            call = caller(fn, args, kwargs)
+            return await self.attempts_async(step, attempt, call, policy_of(fn))
 
     async def approval(self, name: str, prompt: str = "", *, on_reject: str = "fail") -> Any:
         """See :meth:`WorkflowContext.approval`."""
@@ -61,9 +61,12 @@ class AsyncWorkflowContext(AsyncChatCalls, WorkflowContext):
 
         return float(await self.step("ctx.random", random.random))
 
-    async def _attempts_async(
+    async def attempts_async(
         self, step: Step, attempt: int, call: Callable[[], Any], policy: Mapping[str, Any]
     ) -> Any:
+        """Awaited attempts of a step committed running, until one is done; the value.
+        Framework adapters (:mod:`ninelives.integrations`) call it on a sync
+        workflow's context too: it only awaits ``call`` between the commits."""
         assert self._rt is not None
         assert self._run is not None
         rt, run = self._rt, self._run
@@ -75,11 +78,11 @@ class AsyncWorkflowContext(AsyncChatCalls, WorkflowContext):
             context = self._before(step, attempt)
             token = CURRENT.set(context)
             try:
-                with rt._time_limit(run, step, attempt, limits):
+                with rt.time_limit(run, step, attempt, limits):
                     value = call()
                 if inspect.isawaitable(value):
                     value = await _limited(value, limits.timeout)
-                encoded = _encode(value, rt.settings.max_output)
+                encoded = encode_value(value, rt.settings.max_output)
             except CommitUnknown:
                 raise
             except (Exception, StepTimeout) as exc:

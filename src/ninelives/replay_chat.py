@@ -20,7 +20,7 @@ from .chat import CHAT_STEP, ask, chat_request, check_offered, run_call
 from .errors import PlanError
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from .runtime.steps import StepRunner
 
 
 def step_name(call: Any) -> str:
@@ -69,7 +69,7 @@ class ChatCalls:
     """``ctx.chat`` and ``ctx.call_tool`` of a workflow's context (a mixin of
     :class:`~ninelives.replay.WorkflowContext`, whose ``step`` they call)."""
 
-    _rt: Runtime | None
+    _rt: StepRunner | None
 
     def _lookup(self) -> Callable[[str], Any]:
         if self._rt is None:  # replay-check runs no step: nothing is looked up

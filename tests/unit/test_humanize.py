@@ -32,11 +32,12 @@ def test_age(seconds: float, shown: str) -> None:
 
 
 def test_the_log_the_bar_and_the_report_use_the_one_rule() -> None:
-    from ninelives import report, runtime
+    from ninelives import report
     from ninelives.cli import bar, ops, webui
+    from ninelives.runtime import steps
 
     assert bar.duration is duration
     assert report.duration is duration
-    assert runtime.duration is duration
+    assert steps.duration is duration
     assert ops.age is age
     assert webui.age is age

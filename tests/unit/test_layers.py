@@ -1,9 +1,10 @@
-"""No import circle and no import up the layers in the restructured modules.
+"""No import circle and no import up the layers; modules and functions kept short.
 
 ``scripts/layers.py`` reads the sources (module- and function-level imports;
-``if TYPE_CHECKING:`` excluded). The CLI package, the leaves it and the web view
-share, the durable file primitives and the error tree are held to it here: a
-new circle or upward import through any of them fails this test.
+``if TYPE_CHECKING:`` excluded). The whole package is held to it here: a new
+circle, a pair of modules importing each other, an import up the layers, a
+module over 600 lines, a ``from x import _private`` or a function over 60
+lines (outside ``store/``, whose rules are held apart) fails these tests.
 """
 
 from __future__ import annotations
@@ -61,6 +62,67 @@ def test_the_cli_modules_import_no_private_name_of_a_sibling() -> None:
             if isinstance(node, ast.ImportFrom):
                 private = [a.name for a in node.names if a.name.startswith("_")]
                 assert private in ([], ["__version__"]), (path.name, private)
+
+
+def test_no_module_is_in_a_circle_or_imports_a_layer_above_it() -> None:
+    """Over the whole package, not only the restructured parts."""
+    lay = layers()
+    edges = lay.graph()
+    assert "ninelives.runtime.core" in edges  # the control: the package was read
+    assert lay.circles(edges) == []
+    assert lay.pairs(edges) == []
+    assert lay.upward(edges) == []
+    assert [m for m in edges if lay.layer_of(m) == len(lay.LAYERS)] == []
+
+
+def test_no_module_is_over_the_line_limit() -> None:
+    lay = layers()
+    assert lay.long_modules() == []
+
+
+def private_imports(root: Path) -> list[tuple[str, int, list[str]]]:
+    """``(file, line, names)`` for each ``from x import _name`` (dunders aside)."""
+    import ast
+
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                names = [a.name for a in node.names if a.name.startswith("_")]
+                names = [n for n in names if not n.startswith("__")]
+                if names:
+                    found.append((str(path.relative_to(root)), node.lineno, names))
+    return found
+
+
+def long_functions(root: Path, limit: int = 60) -> list[tuple[str, str, int]]:
+    """``(file, function, lines)`` for each function longer than ``limit`` lines."""
+    import ast
+
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > limit:
+                    found.append((str(path.relative_to(root)), node.name, lines))
+    return found
+
+
+def test_no_module_imports_a_private_name_of_another() -> None:
+    assert private_imports(ROOT / "src" / "ninelives") == []
+
+
+def test_no_function_outside_the_stores_is_over_60_lines() -> None:
+    found = long_functions(ROOT / "src" / "ninelives")
+    assert [f for f in found if not f[0].startswith("store/")] == []
+
+
+def test_negative_control_a_private_import_and_a_long_function_are_found(tmp_path: Path) -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(60))
+    (tmp_path / "a.py").write_text(f"from .b import _hidden, __version__\ndef f():\n{body}")
+    assert private_imports(tmp_path) == [("a.py", 1, ["_hidden"])]
+    assert long_functions(tmp_path) == [("a.py", "f", 61)]
 
 
 def test_negative_control_a_planted_circle_and_upward_import_are_found(tmp_path: Path) -> None:

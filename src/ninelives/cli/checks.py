@@ -110,7 +110,7 @@ def cmd_replay_check(args: argparse.Namespace) -> int:
     """``ninelives replay-check (TASK | --all)``: replay each unfinished workflow task
     on the code loaded here, running no step; exit 7 with one line per divergence."""
     from ..models import TaskStatus, is_workflow
-    from ..replay import replay_check
+    from ..runtime.workflows import replay_check
     from ..tools.builtin import default_registry
 
     if (args.task_id is None) != args.all:

@@ -54,7 +54,7 @@ def _fork_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_resolve(args: argparse.Namespace) -> int:
-    from ..parking import resolve
+    from ..runtime.decisions import resolve
 
     with open_runtime(args, create=False) as rt:
         task = resolve(
@@ -81,7 +81,7 @@ def _resolve_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_approve(args: argparse.Namespace) -> int:
-    from ..parking import approve
+    from ..runtime.decisions import approve
 
     with open_runtime(args, create=False) as rt:
         task = approve(rt.store, args.task_id, args.step, reject=args.reject, note=args.note)

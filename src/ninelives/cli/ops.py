@@ -14,8 +14,8 @@ from .output import flush, json_line, on_terminal, out, printable, say, write_fi
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from ..names import check_task_id
     from ..report import render
-    from ..runtime import check_task_id
     from ..version import __version__
 
     check_task_id(args.task_id)
@@ -49,7 +49,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     from ..errors import InputError
     from ..housekeeping import parse_statuses
     from ..models import TaskStatus
-    from ..runtime import check_queue
+    from ..names import check_queue
 
     statuses = parse_statuses(args.status, [s.value for s in TaskStatus]) if args.status else []
     queue = check_queue(args.queue) if args.queue is not None else None

@@ -28,8 +28,9 @@ from .output import flush, json_line, on_terminal, out, printable, say
 
 
 def cmd_create(args: argparse.Namespace) -> int:
-    from ..runtime import check_queue, prepare
+    from ..names import check_queue
     from ..runtime import open as open_rt
+    from ..runtime import prepare
     from ..tools.builtin import default_registry
 
     settings = settings_of(args)
@@ -86,8 +87,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from ..runtime.worker import Worker, WorkerOptions
     from ..tools.builtin import default_registry
-    from ..worker import Worker, WorkerOptions
 
     options = WorkerOptions.from_env(
         args.db, queue=args.queue, concurrency=args.concurrency, lease=args.lease,

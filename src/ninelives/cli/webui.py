@@ -188,13 +188,13 @@ class Handler(BaseHTTPRequestHandler):
 def _task_id(text: str) -> str:
     from urllib.parse import unquote
 
-    from ..runtime import check_task_id
+    from ..names import check_task_id
 
     return check_task_id(unquote(text))
 
 
 def _filters(query: Mapping[str, str]) -> tuple[str | None, str | None, int]:
-    from ..runtime import check_queue
+    from ..names import check_queue
 
     status = query.get("status") or None
     if status is not None and status not in {s.value for s in TaskStatus}:

@@ -44,19 +44,19 @@ async def durable(
     step ``policy`` (``@ninelives.step``'s keywords); its value, from the journal
     when the step is done already."""
     from ..durable import step
-    from ..replay import _caller, value_of
+    from ..replay import caller, value_of
     from ..replay_async import AsyncWorkflowContext
 
     ctx = ACTIVE.get()
     target: Any = step(name, **dict(policy))(fn) if policy else fn
-    found, attempt = ctx._enter(name, target, args, {})
+    found, attempt = ctx.enter_step(name, target, args, {})
     if attempt is None:
         return value_of(found.output)
     rules = dict(target.policy) if policy else {}
     # The async attempt loop, on whichever context runs: it only awaits `fn`
     # between the commits the sync context makes.
-    return await AsyncWorkflowContext._attempts_async(
-        ctx, found, attempt, _caller(target, args, {}), rules
+    return await AsyncWorkflowContext.attempts_async(
+        ctx, found, attempt, caller(target, args, {}), rules
     )
 
 

@@ -8,7 +8,8 @@ the same way are :mod:`.rules`'; the backends are the :mod:`.sqlite` and
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import StoreError
 from .base import (
@@ -49,6 +50,7 @@ __all__ = [
     "Appended",
     "Decision",
     "Grant",
+    "GroupCommit",
     "MissingStore",
     "Operator",
     "ReadOnly",
@@ -64,6 +66,7 @@ __all__ = [
     "is_postgres_url",
     "journal",
     "lease_settings",
+    "open_group_commit",
     "open_store",
     "recover_unknown",
     "recovery_limit_reason",
@@ -148,3 +151,34 @@ def open_store(
     if not create and not os.path.exists(path):
         return MissingStore(path)
     return SQLiteStore(path)
+
+
+class GroupCommit(Protocol):
+    """A committer that several stores write their transitions through in batches."""
+
+    def close(self) -> None:
+        """Commit what is left and stop; call it once every store using it has ended."""
+
+
+def open_group_commit(
+    stores: Sequence[Store], open_one: Callable[[], Store], *, linger: float
+) -> GroupCommit | None:
+    """One committer every store in ``stores`` writes through (``linger`` seconds at
+    most between a transition and its batch's commit), on a store of its own from
+    ``open_one``; None when they are not all SQLite. PostgreSQL already shares WAL
+    flushes between connections (a backend's flush covers every commit record
+    before it), so there each store commits alone."""
+    from .sqlite.group import GroupCommitter
+    from .sqlite.store import SQLiteStore
+
+    joined = [s for s in stores if isinstance(s, SQLiteStore)]
+    if len(joined) != len(stores):
+        return None
+    own = open_one()
+    if not isinstance(own, SQLiteStore):
+        own.close()
+        return None
+    group = GroupCommitter(own, linger=linger)
+    for store in joined:
+        store.join_group(group)
+    return group

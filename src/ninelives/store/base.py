@@ -387,7 +387,8 @@ class Store(StoreReader, Runner, Operator, Protocol):
 
 
 class Decision(NamedTuple):
-    """What :meth:`Store.decide_step` commits for a person (see :mod:`ninelives.parking`)."""
+    """What :meth:`Store.decide_step` commits for a person
+    (see :mod:`ninelives.runtime.decisions`)."""
 
     #: The status the task and step must have: ``blocked`` or ``waiting``.
     expect: StepStatus

@@ -331,7 +331,7 @@ def _check_write(step_input: Mapping[str, Any]) -> None:
 def default_registry(settings: Settings) -> Registry:
     """The built-in tools configured by ``settings``, plus entry-point tools on demand,
     plus the tools of the modules in ``settings.tool_modules`` (``NINELIVES_TOOLS``)."""
-    from ..parking import make_approval
+    from .approval import make_approval
     from .model import make_agent, make_llm
 
     registry = Registry(

@@ -47,7 +47,7 @@ __all__ = [
 
 
 #: The artifacts folder of the task being run, set by the runtime around its steps.
-_TASK_ARTIFACTS: ContextVar[str | None] = ContextVar("ninelives_task_artifacts", default=None)
+TASK_ARTIFACTS: ContextVar[str | None] = ContextVar("ninelives_task_artifacts", default=None)
 
 
 def artifacts_folder(default: str | None = None) -> str:
@@ -59,7 +59,7 @@ def artifacts_folder(default: str | None = None) -> str:
     a task that recorded none, ``default``, else ``AGENT_ARTIFACTS``, else
     ``artifacts``. Tools that publish files should put them here.
     """
-    folder = _TASK_ARTIFACTS.get()
+    folder = TASK_ARTIFACTS.get()
     if folder is not None:
         return folder
     if default is not None:

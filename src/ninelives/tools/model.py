@@ -38,7 +38,7 @@ def validate(step_input: Mapping[str, Any]) -> None:
         if key in step_input and not isinstance(step_input[key], str):
             raise PlanError(f"input '{key}' must be a string")
     if "engine" in step_input:
-        from ..llm import ENGINES
+        from ..names import ENGINES
 
         if step_input["engine"] not in ENGINES:
             known = ", ".join(ENGINES)

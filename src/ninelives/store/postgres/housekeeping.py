@@ -17,6 +17,7 @@ from ... import crashpoints
 from ...errors import StoreError
 from ...models import Deleted, MetricCounts, TaskHold, TaskSummary, step_durations
 from .. import sql
+from ..housekeeping import LocalFiles
 from ..rules import newest_first
 from .base import Q, Session
 
@@ -101,6 +102,10 @@ class PostgresHousekeeping(Session):
         with self._read() as conn:
             rows = conn.execute(Q["tasks_in_status"], {"status": status}).fetchall()
         return [TaskHold(r[0], r[1], r[2], r[3], r[4], bool(r[5])) for r in rows]
+
+    def local_files(self) -> LocalFiles | None:
+        """None: a lease in a row, not a lock file, holds a running task here."""
+        return None
 
     def holder_gone(self, task_id: str, epoch: int) -> bool:
         """Whether the holder of a live lease is provably gone, as ``run`` decides

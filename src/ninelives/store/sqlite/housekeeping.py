@@ -29,6 +29,7 @@ from ...locking import (
 )
 from ...models import Deleted, MetricCounts, TaskHold, TaskSummary, step_durations
 from .. import sql
+from ..housekeeping import LocalFiles
 from ..rules import newest_first
 from .files import resolved_folder
 
@@ -108,6 +109,10 @@ class SQLiteHousekeeping:
             return {}
         rows = self._reading(lambda conn: conn.execute(Q["dangling_rows"]).fetchall())
         return {r[0]: int(r[1]) for r in rows if r[1]}
+
+    def local_files(self) -> LocalFiles | None:
+        """This store's files: a SQLite database is one (see :mod:`..housekeeping`)."""
+        return self
 
     def is_held(self, task_id: str) -> bool:
         """Whether a live process holds the task's kernel lock; creates no file."""

@@ -8,29 +8,21 @@ again, so tools are called at least once and must be idempotent by their key.
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import time
 from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from . import crashpoints
-from .errors import (
-    CommitUnknown,
+from .. import crashpoints
+from ..errors import (
     InputError,
-    InvalidTaskId,
     PlanError,
     PlanMismatch,
     TaskExists,
     TaskFailed,
 )
-from .humanize import duration
-from .journal import dumps, encode_output, storable
-from .models import (
+from ..journal import dumps, storable
+from ..models import (
     AGENT_TOOL,
-    APPROVAL_TOOL,
     WORKFLOW_GOAL,
     Event,
     EventKind,
@@ -42,37 +34,20 @@ from .models import (
     TaskStatus,
     is_workflow,
 )
-from .policy import Limits, StepTimeout, describe, limits_for, retry_delay
-from .settings import Settings
-from .store import StepNotDue, Store, journal, open_store
+from ..names import check_queue as check_queue
+from ..names import check_task_id as check_task_id
+from ..names import new_run_id as new_run_id
+from ..settings import Settings
+from ..store import journal, open_store
+from .steps import StepRunner
 
 if TYPE_CHECKING:
-    from .agent import Continuation
-    from .durable import Workflow
-    from .plan import Plan
-    from .tools import Registry, Tool
+    from ..durable import Workflow
+    from ..plan import Plan
+    from ..tools import Registry
 
-# Patterns as text: re caches them compiled on first use (create), not at import.
-TASK_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
-_ELIDE = 60
 #: ``Settings.artifacts`` when nothing names a folder: a task's recorded folder wins over it.
 DEFAULT_ARTIFACTS = "artifacts"
-
-
-def check_task_id(task_id: str) -> str:
-    """Return ``task_id`` if it is plain data, else raise :class:`InvalidTaskId`.
-
-    An id is 1-128 characters of letters, digits, ``.``, ``_`` and ``-``,
-    starting with a letter or digit: it can never name a path (``..``,
-    ``a/b``, ``/abs``), an option (``-x``) or be empty, so artifact names
-    built from it stay inside their folder.
-    """
-    if not isinstance(task_id, str) or not re.fullmatch(TASK_ID_PATTERN, task_id):
-        raise InvalidTaskId(
-            f"invalid task id {task_id!r}: use 1-128 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
-        )
-    return task_id
 
 
 def prepare(
@@ -83,7 +58,7 @@ def prepare(
     Raises :class:`~ninelives.errors.InvalidTaskId` or :class:`~ninelives.errors.PlanError`.
     """
     # Plans and tools load here, not at import: `status` and `export` need neither.
-    from .plan import Plan, load_plan, plan_from_dict, validate
+    from ..plan import Plan, load_plan, plan_from_dict, validate
 
     check_task_id(task_id)
     if isinstance(plan, Mapping):
@@ -111,70 +86,18 @@ def _check_storable(plan: Plan) -> None:
         raise PlanError(f"plan refused: {exc}") from None
 
 
-QUEUE_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
-
-
-def check_queue(queue: str) -> str:
-    """Return ``queue`` if it is a plain name (1-64 letters, digits, ``.``, ``_``,
-    ``-``, starting with a letter or digit), else raise :class:`InputError`."""
-    if not isinstance(queue, str) or not re.fullmatch(QUEUE_PATTERN, queue):
-        raise InputError(
-            f"invalid queue name {queue!r}: use 1-64 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
-        )
-    return queue
-
-
 def _same_folder(a: str, b: str) -> bool:
     """Whether absolute folders ``a`` and ``b`` are one: the same name, or two
     names (one through a symlink) of the same real folder."""
     return a == b or os.path.realpath(a) == os.path.realpath(b)
 
 
-def new_run_id() -> str:
-    """A fresh run id: 32 hex digits."""
-    return os.urandom(16).hex()
-
-
-def _brief(output: Mapping[str, Any]) -> str:
-    shown = {
-        k: (v[:_ELIDE] + "…" if isinstance(v, str) and len(v) > _ELIDE else v)
-        for k, v in output.items()
-    }
-    return json.dumps(shown, sort_keys=True, ensure_ascii=False)
-
-
-class Runtime:
+class Runtime(StepRunner):
     """A store plus the tools and settings that run its tasks.
 
     Get one with :func:`ninelives.open`; use it as a context manager or call
     :meth:`close`.
     """
-
-    def __init__(
-        self,
-        store: Store,
-        *,
-        settings: Settings | None = None,
-        tools: Registry | None = None,
-        log: Callable[[str], None] | None = None,
-        on_progress: Callable[[StepProgress], None] | None = None,
-    ) -> None:
-        self.store = store
-        self.settings = settings if settings is not None else Settings.from_env()
-        self._tools = tools
-        self._log = log
-        # Called after each committed ctx.checkpoint; None costs nothing per checkpoint.
-        self._on_progress = on_progress
-
-    @property
-    def tools(self) -> Registry:
-        """The tools steps run with: built when first needed (``status`` never needs them)."""
-        if self._tools is None:
-            from .tools.builtin import default_registry
-
-            self._tools = default_registry(self.settings)
-        return self._tools
 
     def __enter__(self) -> Runtime:
         return self
@@ -252,8 +175,8 @@ class Runtime:
         args: tuple[Any, ...],
         kwargs: Mapping[str, Any],
     ) -> Plan:
-        from .durable import Workflow
-        from .durable import prepare as prepare_workflow
+        from ..durable import Workflow
+        from ..durable import prepare as prepare_workflow
 
         if isinstance(plan, Workflow):
             return prepare_workflow(task_id, plan, args, kwargs)
@@ -286,7 +209,7 @@ class Runtime:
         :class:`~ninelives.errors.TaskBusy` while a live runner holds the task,
         and :class:`~ninelives.errors.InputError` if it is not failed.
         """
-        from .agent import regrant
+        from ..agent import regrant
 
         return self.store.retry_task(task_id, new_run_id(), step=step, grant=regrant)
 
@@ -336,7 +259,7 @@ class Runtime:
         was). Raises :class:`UnknownTask`, and :class:`InputError` for a done
         task or a reason a journal cannot keep; neither changes anything.
         """
-        from .lineage import check_reason
+        from ..lineage import check_reason
 
         return self.store.cancel_task(task_id, new_run_id(), reason=check_reason(reason))
 
@@ -359,17 +282,10 @@ class Runtime:
             artifacts=os.path.abspath(self.settings.artifacts),
         )  # fmt: skip
 
-    def tool_version(self, name: str) -> str | None:
-        """The version tool ``name`` declares here (journaled in ``step_started``), or None."""
-        try:
-            return self.tools.lookup(name).version
-        except PlanError:
-            return None
-
     def _claimable(self, task: Task) -> None:
         """``run``'s check before its claim: a parked task, a missing tool or another
         artifacts folder stops it with nothing written."""
-        from .parking import refuse_parked
+        from .waits import refuse_parked
 
         refuse_parked(task)
         self.resolve_tools(task)
@@ -378,7 +294,7 @@ class Runtime:
 
     def unknown_modes(self) -> Callable[[Step], str]:
         """``on_unknown(step)`` for a claim: each step's mode for an unknown outcome."""
-        from .parking import modes
+        from .waits import modes
 
         return modes(self.tools)
 
@@ -390,7 +306,7 @@ class Runtime:
         if task.status not in (TaskStatus.PENDING, TaskStatus.RUNNING):
             return
         if is_workflow(task.goal):
-            from .durable import lookup, spec_of
+            from ..durable import lookup, spec_of
 
             spec = spec_of(task.goal)
             assert spec is not None
@@ -436,7 +352,7 @@ class Runtime:
         """
         task_id = run.task_id
         if run.recovered:
-            self._say(f"{task_id}: recovered step(s) {list(run.recovered)} left running")
+            self.say(f"{task_id}: recovered step(s) {list(run.recovered)} left running")
         if task.status is TaskStatus.FAILED:
             if run.recovered:  # this claim failed it (the recovery limit): clean up still
                 self._remove_orphans(task)
@@ -447,12 +363,12 @@ class Runtime:
         if task.status is TaskStatus.DONE:
             return task
         if task.status is TaskStatus.CANCELLED:  # cancelled while this run claimed it
-            from .lineage import cancelled
+            from ..lineage import cancelled
 
             raise cancelled(task_id)
         crashpoints.crash("after_recovery")  # the claim may have parked it: see after_claim
-        from . import blobs
-        from .tools.effects import _TASK_ARTIFACTS
+        from .. import blobs
+        from ..tools.effects import TASK_ARTIFACTS
 
         folder = self._artifacts_for(task)
         if run.recovered or any(s.attempts and s.status is StepStatus.PENDING for s in task.steps):
@@ -460,24 +376,24 @@ class Runtime:
             # running, or pending again if a kill came after the recovery's commit.
             # A fresh task skips listing folders that grow with every task.
             self._remove_orphans(task, folder)
-        token = _TASK_ARTIFACTS.set(folder)
+        token = TASK_ARTIFACTS.set(folder)
         blob_token = blobs.CURRENT.set((self.store.blobs, task_id))
         try:
-            from .parking import after_claim
+            from .waits import after_claim
 
             if is_workflow(task.goal):  # its code runs the steps; probes when it calls them
-                from .replay import drive
+                from .workflows import drive
 
                 return drive(self, run, task, stop, max_wait)
             task = after_claim(self, run, task)  # probes; a parked task raises TaskParked
-            return self._steps(run, task, stop, max_wait)
+            return self.run_steps(run, task, stop, max_wait)
         finally:
             blobs.CURRENT.reset(blob_token)
-            _TASK_ARTIFACTS.reset(token)
+            TASK_ARTIFACTS.reset(token)
 
     def _remove_orphans(self, task: Task, folder: str | None = None) -> None:
         """Delete the temporary files (artifacts, blobs) a killed run of ``task`` left."""
-        from .tools.effects import remove_orphans
+        from ..tools.effects import remove_orphans
 
         remove_orphans(folder or self._artifacts_for(task), task.id, log=self._log)
         self.store.blobs.remove_orphans(task.id)
@@ -490,7 +406,7 @@ class Runtime:
         if _same_folder(os.path.abspath(self.settings.artifacts), task.artifacts):
             return self.settings.artifacts  # the same folder, named as the caller names it
         if self.settings.artifacts != DEFAULT_ARTIFACTS:
-            self._say(
+            self.say(
                 f"{task.id}: WARNING: publishing to {task.artifacts}, the folder recorded at "
                 f"create, not to {self.settings.artifacts}"
             )
@@ -505,260 +421,12 @@ class Runtime:
                 "published there could be published a second time; unset it or give the same folder"
             )
 
-    def _steps(
-        self, run: Run, task: Task, stop: Callable[[], bool] | None, max_wait: float | None
-    ) -> Task:
-        task_id = run.task_id
-        started = run.started  # (idx, attempt) committed running by the claim itself
-        pending = [
-            s
-            for s in task.steps
-            if s.status is StepStatus.PENDING or (started is not None and s.idx == started[0])
-        ]
-        if not pending:
-            crashpoints.crash("before_task_done")
-            self.store.finish_task(run)
-        ctx: dict[int, Any] = task.outputs()
-        progress = {s.idx: s.progress for s in pending if s.progress is not None}
-        for step in pending:
-            tool = self.tools.lookup(step.tool)
-            if step.tool == APPROVAL_TOOL:
-                from .parking import wait_for_approval
-
-                raise wait_for_approval(self, run, step)
-            limits = limits_for(step.policy, self.settings.max_attempts, self.settings.backoff)
-            # A wait committed before this run (a restart in the middle of a backoff).
-            wait = max(0.0, step.not_before - time.time()) if step.not_before else 0.0
-            while True:
-                began = time.monotonic()
-                attempt = self._start(run, step, started, stop, wait, max_wait)
-                started = None  # only ever the first step's first attempt
-                if attempt is None:
-                    return self.store.get_task(task_id)  # stopped or parked; nothing running
-                result = self._attempt(run, step, tool, ctx, attempt, limits, progress)
-                if isinstance(result, float):  # a step_error was recorded: wait, then retry
-                    wait = result
-                    continue
-                follow = self._record(
-                    run, step, *result, last=step is pending[-1], took=time.monotonic() - began
-                )
-                ctx[step.idx] = result[0]
-                if follow is not None:
-                    pending.extend(_appended(task_id, step.idx, follow))
-                break
-        return self.store.get_task(task_id)
-
-    def _start(
-        self,
-        run: Run,
-        step: Step,
-        started: tuple[int, int] | None,
-        stop: Callable[[], bool] | None,
-        wait: float,
-        max_wait: float | None,
-    ) -> int | None:
-        """Commit the step ``running`` and return its attempt number (the claim
-        transaction may have done it already: ``started``), after ``wait``
-        seconds of backoff; None when ``stop`` says so or the wait exceeds ``max_wait``."""
-        if started is not None and started[0] == step.idx:
-            return started[1]
-        while True:
-            if wait > 0:
-                if max_wait is not None and wait > max_wait:
-                    self._say(f"{run.task_id}: step {step.idx} due in {wait:.1f}s; released")
-                    return None
-                _back_off(wait, stop)
-            if stop is not None and stop():
-                return None
-            try:
-                return self.store.start_step(
-                    run, step.idx, step.tool, tool_version=self.tool_version(step.tool)
-                )
-            except StepNotDue as exc:  # the store's clock says not yet
-                wait = exc.wait
-
-    def _record(
-        self,
-        run: Run,
-        step: Step,
-        output: dict[str, Any],
-        encoded: str,
-        *,
-        last: bool,
-        took: float = 0.0,
-    ) -> Continuation | None:
-        """Commit the step ``done`` with its output (the task ``done`` too when ``last``).
-
-        An agent's turn commits in the same transaction the calls it asked for
-        and its next turn (returned, to be run next), or fails the task when it
-        reached ``max_turns`` or ``max_calls``.
-        """
-        follow = _continuation(step, output)
-        crashpoints.crash("after_effect", step.idx)
-        encoded = self._out_of_row(run, step, encoded)
-        if follow is None:
-            self.store.finish_step(run, step.idx, step.tool, encoded, last=last)
-        else:
-            self.store.finish_step(
-                run, step.idx, step.tool, encoded, last=follow.final, fail=follow.fail,
-                append=[
-                    (tool, dumps(given), dumps(policy) if policy else None)
-                    for tool, given, policy in follow.append
-                ],
-            )  # fmt: skip
-        crashpoints.crash("after_commit", step.idx)
-        if self._log is not None:
-            again = " (recovered)" if step.idx in run.recovered else ""
-            self._say(
-                f"{run.task_id}: step {step.idx} {step.tool} done in {duration(took)}{again} "
-                f"{_brief(output)}"
-            )
-        if follow is not None and follow.fail:
-            raise TaskFailed(f"task {run.task_id!r} failed: {follow.fail}")
-        return follow
-
-    def _out_of_row(self, run: Run, step: Step, encoded: str) -> str:
-        """The text to commit as the step's output: ``encoded`` itself, or, when it
-        is over the blob threshold, the reference to a blob stored durably now,
-        before the ``done`` commit that will refer to it."""
-        threshold = self.settings.blob_threshold
-        if len(encoded) <= threshold // 4:  # at most 4 bytes per character: surely small
-            return encoded
-        data = encoded.encode("utf-8")
-        if len(data) <= threshold:
-            return encoded
-        from .journal import dumps as canonical
-
-        ref = self.store.blobs.put([data], tag=f"{run.task_id}-{step.idx}")
-        crashpoints.crash("blob_before_reference", step.idx)
-        return canonical(ref.as_json())
-
-    def _attempt(
-        self,
-        run: Run,
-        step: Step,
-        tool: Tool,
-        ctx: dict[int, Any],
-        attempt: int,
-        limits: Limits,
-        progress: dict[int, Any],
-    ) -> tuple[dict[str, Any], str] | float:
-        """Run the tool of a step committed ``running``: its output and the JSON
-        text to store, or the seconds to wait once a ``step_error`` is recorded
-        (the tool raised or overran its timeout, or its output cannot be
-        stored). Raises TaskFailed when the error ends the task."""
-        from .tools import ToolContext
-
-        crashpoints.crash("before_effect", step.idx)
-        if self.settings.step_delay:
-            time.sleep(self.settings.step_delay)
-        # A runner paused past its lease must not start an effect that
-        # another runner may own by now (its commits would be fenced anyway).
-        self.store.check_lease(run)
-        context = ToolContext(
-            task_id=run.task_id, step=step.idx, attempt=attempt, outputs=ctx,
-            idem_key=f"{run.task_id}-{step.idx}", progress=progress.get(step.idx),
-            saver=self._saver(run, step, time.monotonic()),
-        )  # fmt: skip
-        try:
-            with self._time_limit(run, step, attempt, limits):
-                returned = tool.run(step.input, context)
-            # Checked before the commit: text that cannot be stored (a lone
-            # surrogate, NaN, too big) would otherwise fail the commit on
-            # every attempt and leave the step running forever.
-            encoded = encode_output(returned, self.settings.max_output)
-        except CommitUnknown:
-            raise  # storage failed under the effect: stop, never retry
-        except (Exception, StepTimeout) as exc:
-            return self._record_error(run, step, attempt, exc, limits)
-        finally:
-            if context.progress is not None:
-                progress[step.idx] = context.progress
-        return (returned if isinstance(returned, dict) else dict(returned)), encoded
-
-    def _saver(self, run: Run, step: Step, began: float) -> Callable[[Any], None]:
-        """``ctx.checkpoint`` of one step: checked like an output, committed fenced,
-        then reported to ``on_progress`` (only what was committed is shown)."""
-        from .policy import alarm_held, encode_progress
-
-        report = self._on_progress
-
-        def save(value: Any) -> None:
-            text = encode_progress(value, self.settings.max_output)
-            with alarm_held():
-                self.store.checkpoint(run, step.idx, text)
-            if report is not None:
-                elapsed = time.monotonic() - began
-                report(StepProgress(run.task_id, step.idx, step.tool, value, elapsed))
-
-        return save
-
-    def _time_limit(
-        self, run: Run, step: Step, attempt: int, limits: Limits
-    ) -> AbstractContextManager[Any]:
-        """The step's timeout: SIGALRM in the main thread, a watchdog elsewhere
-        (see :mod:`ninelives.policy`); nothing without a ``timeout``."""
-        from .policy import time_limit
-
-        timeout = limits.timeout or 0.0
-
-        def overrun() -> None:
-            self._say(
-                f"{run.task_id}: step {step.idx} {step.tool} overran its {timeout:g}s timeout "
-                "in a thread, which nothing can interrupt: this process exits"
-            )
-            other = open_store(self.store.url)  # the slot's own store is busy in the tool
-            try:
-                self._record_error(run, step, attempt, StepTimeout(timeout), limits, store=other)
-            except TaskFailed:
-                pass  # journaled; the process exits all the same
-            finally:
-                other.close()
-
-        return time_limit(limits.timeout, overrun)
-
-    def _record_error(
-        self,
-        run: Run,
-        step: Step,
-        attempt: int,
-        exc: BaseException,
-        limits: Limits,
-        *,
-        store: Store | None = None,
-    ) -> float:
-        """Journal the attempt's ``step_error`` with the decision taken: the seconds
-        to wait before the next attempt (committed as the step's ``not_before``),
-        or TaskFailed at the attempt limit or for a :class:`PermanentError`."""
-        error, permanent, detail = describe(exc)
-        self._say(f"{run.task_id}: step {step.idx} {step.tool} attempt {attempt}: {error}")
-        delay = 0.0 if permanent else retry_delay(limits, attempt)
-        failed = (store or self.store).record_error(
-            run, step.idx, error, limits.max_attempts, delay=delay or None,
-            permanent=permanent, detail=detail,
-        )  # fmt: skip
-        if failed and permanent:
-            raise TaskFailed(
-                f"task {run.task_id!r} failed: step {step.idx} ({step.tool}) raised a "
-                f"permanent error on attempt {attempt}: {error}"
-            ) from None
-        if failed:
-            raise TaskFailed(
-                f"task {run.task_id!r} failed: step {step.idx} ({step.tool}) "
-                f"failed {attempt} times; last error: {error}"
-            ) from None
-        return delay
-
     def _failure(self, task_id: str) -> str:
         """The journaled reason a task failed (read only on that path)."""
         for event in reversed(self.store.events(task_id)):
             if event.kind == EventKind.TASK_FAILED.value:
                 return str(event.data.get("reason", "no reason recorded"))
         return "no reason recorded"
-
-    def _say(self, line: str) -> None:
-        if self._log is not None:
-            self._log(line)
 
 
 def workflow_result(events: list[Event]) -> Any:
@@ -767,41 +435,6 @@ def workflow_result(events: list[Event]) -> Any:
         if event.kind == EventKind.TASK_DONE.value:
             return event.data.get("result")
     return None
-
-
-def _back_off(delay: float, stop: Callable[[], bool] | None) -> None:
-    """Wait ``delay`` seconds before a failed step's next attempt; return early on ``stop``."""
-    deadline = time.monotonic() + delay
-    while (left := deadline - time.monotonic()) > 0:
-        if stop is not None and stop():
-            return
-        time.sleep(min(left, 0.1))
-
-
-def _continuation(step: Step, output: Mapping[str, Any]) -> Continuation | None:
-    """For an agent's turn, the steps its commit appends or why the task fails."""
-    if step.tool != AGENT_TOOL:
-        return None
-    from .agent import after_turn
-
-    return after_turn(step.idx, step.input, output)
-
-
-def _appended(task_id: str, after: int, follow: Continuation) -> list[Step]:
-    """The steps a turn appended, as the runner's records, ``pending`` after ``after``."""
-    return [
-        Step(
-            task_id=task_id,
-            idx=idx,
-            tool=tool,
-            input=given,
-            status=StepStatus.PENDING,
-            output=None,
-            attempts=0,
-            policy=policy,
-        )
-        for idx, (tool, given, policy) in enumerate(follow.append, start=after + 1)
-    ]
 
 
 def open(

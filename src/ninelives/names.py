@@ -1,0 +1,53 @@
+"""Names a person or a runner gives: task ids, queue names, run ids, model engines.
+
+Plain rules with no I/O, below everything that checks a name (plans, workflows,
+the runtime, the CLI), so that each checks it the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from .errors import InputError, InvalidTaskId
+
+#: The model engines ``ctx.chat``, the ``llm`` tool and a plan's agent may name.
+ENGINES = ("stub", "ollama", "openai")
+
+# Patterns as text: re caches them compiled on first use (create), not at import.
+TASK_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+
+
+def check_task_id(task_id: str) -> str:
+    """Return ``task_id`` if it is plain data, else raise :class:`InvalidTaskId`.
+
+    An id is 1-128 characters of letters, digits, ``.``, ``_`` and ``-``,
+    starting with a letter or digit: it can never name a path (``..``,
+    ``a/b``, ``/abs``), an option (``-x``) or be empty, so artifact names
+    built from it stay inside their folder.
+    """
+    if not isinstance(task_id, str) or not re.fullmatch(TASK_ID_PATTERN, task_id):
+        raise InvalidTaskId(
+            f"invalid task id {task_id!r}: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return task_id
+
+
+QUEUE_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
+
+
+def check_queue(queue: str) -> str:
+    """Return ``queue`` if it is a plain name (1-64 letters, digits, ``.``, ``_``,
+    ``-``, starting with a letter or digit), else raise :class:`InputError`."""
+    if not isinstance(queue, str) or not re.fullmatch(QUEUE_PATTERN, queue):
+        raise InputError(
+            f"invalid queue name {queue!r}: use 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return queue
+
+
+def new_run_id() -> str:
+    """A fresh run id: 32 hex digits."""
+    return os.urandom(16).hex()

@@ -1,0 +1,106 @@
+"""A person's decisions: ``ninelives resolve`` and ``ninelives approve``.
+
+Each is one fenced transaction (:meth:`~ninelives.store.Store.decide_step`) and
+needs only the store: no tools, no settings, no runner.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InputError, OutputRefused
+from ..journal import encode_output, storable
+from ..models import APPROVAL_TOOL, EventKind, StepStatus, Task
+from ..names import new_run_id
+from ..store import Decision
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+#: A workflow approval's input key, and its value, for a rejection the code reads.
+ON_REJECT = "on_reject"
+ANSWER = "answer"
+
+
+def resolve(
+    store: Store,
+    task_id: str,
+    idx: int,
+    *,
+    done: str | None = None,
+    retry: bool = False,
+    max_output: int | None = None,
+) -> Task:
+    """``ninelives resolve``: a person states the outcome of blocked step ``idx``.
+
+    ``done`` (JSON text of an object, checked like a tool's output) commits the
+    step ``done`` with it; ``retry`` puts it back to ``pending`` to run again.
+    Either way ``step_resolved`` is journaled and the task becomes ``pending``.
+    :class:`InputError` (nothing changed) for bad JSON or a step not blocked.
+    """
+    if (done is None) == (not retry):
+        raise InputError("say either --done JSON (what the step output) or --retry")
+    if done is not None:
+        try:
+            value = json.loads(done)
+        except (ValueError, RecursionError) as exc:  # too deep for the decoder, too
+            raise InputError(f"--done is not JSON: {exc}") from None
+        try:
+            output = encode_output(value, *(() if max_output is None else (max_output,)))
+        except OutputRefused as exc:
+            raise InputError(f"--done {exc}") from None
+        decision = Decision(
+            expect=StepStatus.BLOCKED, status=StepStatus.DONE, kind=EventKind.STEP_RESOLVED,
+            data={"outcome": "done"}, output=output,
+        )  # fmt: skip
+    else:
+        decision = Decision(
+            expect=StepStatus.BLOCKED, status=StepStatus.PENDING, kind=EventKind.STEP_RESOLVED,
+            data={"outcome": "retry"},
+        )  # fmt: skip
+    return store.decide_step(task_id, new_run_id(), idx, decision)
+
+
+def approve(
+    store: Store, task_id: str, idx: int, *, reject: bool = False, note: str | None = None
+) -> Task:
+    """``ninelives approve``: a person decides waiting approval step ``idx``.
+
+    Approved: the step is ``done`` with ``{"approved": true, "note": ...}``
+    (``step_approved``) and the task ``pending``. Rejected: the step and the task
+    fail (``step_rejected``, ``task_failed`` with the note as its reason), unless
+    the step is a workflow's ``ctx.approval(..., on_reject="answer")``: then the
+    step is ``done`` with ``{"approved": false, "note": ...}`` (``step_rejected``
+    with ``outcome: answer``) and the task ``pending``, for the code to read.
+    """
+    if note is not None:
+        try:
+            storable(note, "--note")
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+    said: dict[str, Any] = {} if note is None else {"note": note}
+    if reject and answers_rejection(store.get_task(task_id), idx):
+        decision = Decision(
+            expect=StepStatus.WAITING, status=StepStatus.DONE, kind=EventKind.STEP_REJECTED,
+            data={**said, "outcome": ANSWER}, output=encode_output({"approved": False, **said}),
+        )  # fmt: skip
+    elif reject:
+        decision = Decision(
+            expect=StepStatus.WAITING, status=StepStatus.FAILED, kind=EventKind.STEP_REJECTED,
+            data=said, reason=note or f"step {idx} was rejected (no note)",
+        )  # fmt: skip
+    else:
+        decision = Decision(
+            expect=StepStatus.WAITING, status=StepStatus.DONE, kind=EventKind.STEP_APPROVED,
+            data=said, output=encode_output({"approved": True, **said}),
+        )  # fmt: skip
+    return store.decide_step(task_id, new_run_id(), idx, decision)
+
+
+def answers_rejection(task: Task, idx: int) -> bool:
+    """True when step ``idx`` is a workflow's approval whose rejection is an answer
+    the code reads (``on_reject="answer"``), not the task's failure. A plan's
+    ``approval`` step never is: no code after it reads a rejection."""
+    step = next((s for s in task.steps if s.idx == idx), None)
+    return step is not None and step.tool != APPROVAL_TOOL and step.input.get(ON_REJECT) == ANSWER
