@@ -14,8 +14,9 @@ from ninelives.store import sql
 
 #: Every query a run, a recovery, status, export, a worker's claim, ls and gc make.
 HOT = (
-    "get_task", "get_steps", "task_id_taken", "claim", "running_steps", "recover_steps",
-    "recoveries", "first_pending", "step_running", "fenced", "step_done", "step_back",
+    "get_task", "get_steps", "get_task_steps", "task_id_taken", "claim", "running_steps",
+    "recover_steps", "recoveries", "step_running", "step_running_fenced", "fenced",
+    "step_done", "step_done_fenced", "step_back", "append_head",
     "step_failed", "fail_task", "fence", "fence_read", "events", "unfinished", "claim_candidates",
     "claim_next", "lease_state", "holder_gone", "abandon", "renew", "release", "retry_task",
     "retry_step", "ls_page", "ls_page_status", "ls_page_queue", "ls_page_status_queue", "ls_rows",
