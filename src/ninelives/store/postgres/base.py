@@ -245,6 +245,12 @@ class Session:
             else:
                 lease.lost = True
 
+    def _after_commit(self, run: Run, sent: float) -> None:
+        """A fenced commit sent at ``sent`` renewed ``run``'s lease."""
+        lease = self._leases.get(run.run_id)
+        if lease is not None:
+            self._renewed(lease, sent, ok=True)
+
     # -- the journal, the fence, the load ------------------------------------
 
     def lost(self, run: Run) -> LeaseLost:

@@ -57,7 +57,7 @@ from ...models import (
 )
 from ...plan import Plan
 from .. import commits
-from ..base import Appended, Grant
+from ..base import Grant
 from ..conninfo import Redactor, redact_url
 from ..leases import DEFAULT_LEASE, fencing_disabled, heartbeat_disabled
 from ..rules import (
@@ -67,7 +67,6 @@ from ..rules import (
     step_rows,
     task_exists,
 )
-from . import runner
 from .base import (
     LOCK_TIMEOUT_MS,
     Conn,
@@ -79,6 +78,7 @@ from .base import (
 )
 from .blobs import TableBlobs
 from .housekeeping import PostgresHousekeeping
+from .runner import StepCommits
 
 
 def redact(url: str) -> str:
@@ -86,7 +86,7 @@ def redact(url: str) -> str:
     return redact_url(url)
 
 
-class PostgresStore(PostgresHousekeeping, commits.SharedCommits):
+class PostgresStore(StepCommits, PostgresHousekeeping, commits.SharedCommits):
     """A :class:`~ninelives.store.Store` on one PostgreSQL database.
 
     One runner thread per store (plus its heartbeat thread); a worker with
@@ -161,11 +161,6 @@ class PostgresStore(PostgresHousekeeping, commits.SharedCommits):
         with self.transaction() as tx:
             yield tx
         self._after_commit(run, sent)
-
-    def _after_commit(self, run: Run, sent: float) -> None:
-        lease = self._leases.get(run.run_id)
-        if lease is not None:
-            self._renewed(lease, sent, ok=True)
 
     def _unlock_quietly(self, task_id: str, epoch: int) -> None:
         try:
@@ -443,22 +438,6 @@ class PostgresStore(PostgresHousekeeping, commits.SharedCommits):
         if lease.lost:
             raise self.lost(run)
 
-    def start_step(self, run: Run, idx: int, tool: str, *, tool_version: str | None = None) -> int:
-        return runner.start_step(self, run, idx, tool, tool_version=tool_version)
-
-    def finish_step(
-        self,
-        run: Run,
-        idx: int,
-        tool: str,
-        output: str,
-        *,
-        last: bool,
-        append: Sequence[Appended] = (),
-        fail: str | None = None,
-    ) -> None:
-        runner.finish_step(self, run, idx, tool, output, (last, append, fail))
-
     def end_run(self, run: Run) -> None:
         self._leases.pop(run.run_id, None)
         if self._heartbeat is not None:
@@ -493,7 +472,7 @@ class PostgresStore(PostgresHousekeeping, commits.SharedCommits):
             granted = grant(task) if grant is not None and step is None else None
             if granted is not None:
                 by, append, data = granted
-                runner.append_steps(self, conn, task_id, run_id, by, append)
+                self.append_steps(conn, task_id, run_id, by, append)
                 conn.execute(Q["retry_task"], {"id": task_id})
                 self.journal_event(conn, task_id, run_id, EventKind.TASK_RETRIED, None, data)
             else:
