@@ -84,6 +84,12 @@ class Transaction(Protocol):
         """As :meth:`fence`, for a task cancelled under ``run``'s epoch."""
         ...
 
+    def fenced_row(self, run: Run, query: str, params: dict[str, Any]) -> Sequence[Any] | None:
+        """:meth:`fence` (``running``), then the named query's first row. A backend
+        may fold the fence into the query (SQLite: ``<query>_fenced``, falling
+        back to the two when it returns nothing), with the same errors."""
+        ...
+
     def lock_task(self, task_id: str) -> None:
         """Keep a runner's commit off the task's row for the rest of the
         transaction (SQLite's write lock already does); :class:`UnknownTask` if absent."""
@@ -353,10 +359,9 @@ def append(
     delay: float | None,
 ) -> int:
     """See :meth:`ninelives.store.Store.append_step`."""
-    tx.fence(run, TaskStatus.RUNNING)
-    # The end of the steps and the plan digest, read together (the fence holds
-    # the task's row, so neither moves before the commit).
-    head = tx.row("append_head", {"id": run.task_id})
+    # The fence, the end of the steps and the plan digest (the fence holds the
+    # task's row, so neither moves before the commit).
+    head = tx.fenced_row(run, "append_head", {"id": run.task_id})
     end, stored = (int(head[0]), head[1]) if head is not None else (0, None)
     if idx != end:
         raise StoreError(f"task {run.task_id!r} has {end} steps: step {idx} cannot be appended")

@@ -550,6 +550,11 @@ class PostgresTransaction(Journaling):
 
         session.defer(check)
 
+    def fenced_row(self, run: Run, query: str, params: dict[str, Any]) -> Any:
+        # Not folded here: the fence is an UPDATE that renews the lease too.
+        self.fence(run, TaskStatus.RUNNING)
+        return self.row(query, params)
+
     def lock_task(self, task_id: str) -> None:
         if self.row("task_row_lock", {"id": task_id}) is None:
             raise UnknownTask(f"unknown task {task_id!r}")

@@ -38,6 +38,15 @@ SELECT id FROM tasks ORDER BY created_at, id;
 INSERT INTO tasks (id, goal, status, created_at, updated_at, queue, artifacts, plan_sha256)
 VALUES (:id, :goal, 'pending', :now, :now, :queue, :artifacts, :plan_sha256);
 
+-- name: insert_task_unless_taken
+-- SQLite's create: insert_task only if task_id_taken would find nothing (both
+-- through their lower(id) indexes), one statement instead of two. Inserting
+-- nothing, create reads task_id_taken to say by whom the id is taken.
+INSERT INTO tasks (id, goal, status, created_at, updated_at, queue, artifacts, plan_sha256)
+SELECT :id, :goal, 'pending', :now, :now, :queue, :artifacts, :plan_sha256
+WHERE NOT EXISTS (SELECT 1 FROM tasks WHERE lower(id) = lower(:id))
+  AND NOT EXISTS (SELECT 1 FROM removed_tasks WHERE lower(id) = lower(:id));
+
 -- name: insert_step
 INSERT INTO steps (task_id, idx, tool, input, status, attempts, policy)
 VALUES (:id, :idx, :tool, :input, 'pending', 0, :policy);
@@ -408,6 +417,14 @@ SELECT NULL, NULL, count(*), NULL FROM marks WHERE kind = 'step_started';
 -- digest it carries over, in one read instead of two.
 SELECT (SELECT COALESCE(MAX(idx) + 1, 0) FROM steps WHERE task_id = :id), plan_sha256
 FROM tasks WHERE id = :id;
+
+-- name: append_head_fenced
+-- append_head with the fence of a running task folded in (fence_read's
+-- condition, and the task already 'running'): inside the write transaction a
+-- read is as strong as the fence, one statement instead of two. No row: the
+-- runner falls back to fence, then append_head, which say why.
+SELECT (SELECT COALESCE(MAX(idx) + 1, 0) FROM steps WHERE task_id = :id), plan_sha256
+FROM tasks WHERE id = :id AND lease_epoch = :epoch AND status = 'running';
 
 -- name: insert_running_step
 -- A workflow's step appended and started at once: the row as insert_step

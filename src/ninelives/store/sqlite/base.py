@@ -452,6 +452,14 @@ class SQLiteTransaction(Journaling):
         if self._exec("fence_cancelled", {"id": run.task_id, "epoch": run.epoch}).rowcount != 1:
             raise lease_lost(run)
 
+    def fenced_row(self, run: Run, query: str, params: dict[str, Any]) -> Any:
+        if self.store._fencing:
+            row = self.row(f"{query}_fenced", {**params, "epoch": run.epoch})
+            if row is not None:
+                return row
+        self.fence(run, TaskStatus.RUNNING)
+        return self.row(query, params)
+
     def lock_task(self, task_id: str) -> None:
         pass  # BEGIN IMMEDIATE already holds the database's write lock
 

@@ -86,18 +86,20 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
         now = time.time()
         run_id = os.urandom(16).hex()
         try:
+            digest = lineage.plan_digest(
+                plan.goal, ((s.tool, s.input, s.policy) for s in plan.steps)
+            )
             with self._write() as conn:
-                taken = conn.execute(Q["task_id_taken"], {"id": task_id}).fetchone()
-                if taken is not None:
-                    raise task_exists(task_id, taken)
-                digest = lineage.plan_digest(
-                    plan.goal, ((s.tool, s.input, s.policy) for s in plan.steps)
-                )
-                conn.execute(
-                    Q["insert_task"],
+                inserted = conn.execute(
+                    Q["insert_task_unless_taken"],
                     {"id": task_id, "goal": plan.goal, "now": now, "queue": queue,
                      "artifacts": stored_folder(self.path, artifacts), "plan_sha256": digest},
                 )  # fmt: skip
+                if inserted.rowcount != 1:  # taken (in any case, or by a removed task): by whom
+                    taken = conn.execute(Q["task_id_taken"], {"id": task_id}).fetchone()
+                    if taken is None:  # cannot be, under the write lock; refuse all the same
+                        raise TaskExists(f"task {task_id!r} already exists")
+                    raise task_exists(task_id, taken)
                 rows = step_rows(task_id, plan)
                 conn.executemany(Q["insert_step"], rows)
                 self.journal_event(
