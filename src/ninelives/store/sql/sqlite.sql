@@ -51,6 +51,17 @@ WHERE NOT EXISTS (SELECT 1 FROM tasks WHERE lower(id) = lower(:id))
 INSERT INTO steps (task_id, idx, tool, input, status, attempts, policy)
 VALUES (:id, :idx, :tool, :input, 'pending', 0, :policy);
 
+-- name: insert_steps
+-- SQLite's create: every step of the plan in one statement instead of one
+-- each. :steps is a JSON array of [tool, input, policy] whose input and policy
+-- are the JSON texts insert_step would store, carried as JSON strings, so
+-- each column gets those texts exactly (policy null: NULL); idx is the
+-- position in the array.
+INSERT INTO steps (task_id, idx, tool, input, status, attempts, policy)
+SELECT :id, key, json_extract(value, '$[0]'), json_extract(value, '$[1]'), 'pending', 0,
+       json_extract(value, '$[2]')
+FROM json_each(:steps);
+
 -- name: insert_event
 INSERT INTO events (ts, task_id, run_id, kind, step_idx, data)
 VALUES (:now, :id, :run, :kind, :step, :data);

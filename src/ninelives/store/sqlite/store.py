@@ -6,6 +6,7 @@ rules of :mod:`ninelives.store.commits` that both backends share.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import time
@@ -101,7 +102,14 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
                         raise TaskExists(f"task {task_id!r} already exists")
                     raise task_exists(task_id, taken)
                 rows = step_rows(task_id, plan)
-                conn.executemany(Q["insert_step"], rows)
+                # One statement for every step (insert_steps says how the texts
+                # travel). ensure_ascii off: a text SQLite cannot take fails
+                # here as it would bound on its own, never decoded as another.
+                texts = json.dumps(
+                    [[r["tool"], r["input"], r["policy"]] for r in rows], ensure_ascii=False
+                )
+                if rows:  # a workflow's task starts with none
+                    conn.execute(Q["insert_steps"], {"id": task_id, "steps": texts})
                 self.journal_event(
                     conn, task_id, run_id, EventKind.TASK_CREATED, None,
                     {"steps": len(plan.steps)}, now,
