@@ -2,9 +2,14 @@
 
 The guide's 3-step task (``peers.py``'s ``peertools``) runs ``--tasks`` times in a
 fresh interpreter and folder per system, with every SQLite connection traced
-(``sqlite3.Connection.set_trace_callback``): the table counts the statements and
-the ``COMMIT`` statements per task, create and run together, set-up excluded.
-Statements a trigger runs are not counted (SQLite reports them as comments).
+(``sqlite3.Connection.set_trace_callback``): per task, create and run together,
+set-up excluded, the table counts every statement the trace sees (``all``:
+``BEGIN`` and ``COMMIT`` included, each row of an ``executemany`` once), the
+statements that read or write rows (``data``: all but ``BEGIN``, ``COMMIT``,
+``ROLLBACK``, ``SAVEPOINT``, ``RELEASE`` and ``PRAGMA``) and the ``COMMIT``s.
+A named query loaded from a ``.sql`` resource starts with its comment lines:
+they are dropped from the statement's shape, never from the count. (The schema
+has no triggers; a trigger's statements would be reported again by the trace.)
 ``--top N`` lists each system's N most frequent statements, so every one can be
 given its reason. Counts, not times: the figure is the same on a busy machine.
 
@@ -26,6 +31,18 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 SYSTEMS = ("minimal", "ninelives", "ninelives-workflow")
+#: Statements that move no row: transaction control and settings.
+CONTROL = ("BEGIN", "COMMIT", "END", "ROLLBACK", "SAVEPOINT", "RELEASE", "PRAGMA")
+
+
+def shape(statement: str) -> str:
+    """One row per statement shape: leading comment lines dropped, literals and
+    whitespace folded."""
+    lines = statement.strip().splitlines()
+    while lines and lines[0].lstrip().startswith("--"):
+        lines.pop(0)
+    text = " ".join(lines)
+    return re.sub(r"\s+", " ", re.sub(r"'[^']*'|\b\d+\b", "?", text)).strip()
 
 
 def traced_child(system: str, n: int) -> dict[str, Any]:
@@ -37,9 +54,8 @@ def traced_child(system: str, n: int) -> dict[str, Any]:
     connect = sqlite3.connect
 
     def count(statement: str) -> None:
-        if counting[0] and not statement.startswith("--"):
-            # One row per statement shape: literals and whitespace folded.
-            seen[re.sub(r"\s+", " ", re.sub(r"'[^']*'|\b\d+\b", "?", statement)).strip()] += 1
+        if counting[0]:
+            seen[shape(statement)] += 1
 
     def traced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
         conn = connect(*args, **kwargs)
@@ -64,10 +80,12 @@ def traced_child(system: str, n: int) -> dict[str, Any]:
         raise SystemExit(f"{system}: {done} after {n} tasks")
     total = sum(seen.values())
     commits = sum(c for s, c in seen.items() if s.upper().startswith(("COMMIT", "END")))
+    data = sum(c for s, c in seen.items() if not s.upper().startswith(CONTROL))
     return {
         "system": system,
         "tasks": n,
         "statements_per_task": total / n,
+        "data_per_task": data / n,
         "commits_per_task": commits / n,
         "top": [[s, c / n] for s, c in seen.most_common()],
     }
@@ -105,11 +123,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(results, indent=2))
         return 0
     floor = next((r for r in results if r["system"] == "minimal"), None)
-    print(f"{'system':<20} {'statements/task':>16} {'commits/task':>13} {'vs minimal':>11}")
+    head = f"{'system':<20} {'all/task':>9} {'data/task':>10} {'commits/task':>13}"
+    print(f"{head} {'vs minimal':>11}")
     for r in results:
         ratio = f"{r['statements_per_task'] / floor['statements_per_task']:.2f}x" if floor else "-"
         print(
-            f"{r['system']:<20} {r['statements_per_task']:>16.1f} "
+            f"{r['system']:<20} {r['statements_per_task']:>9.1f} {r['data_per_task']:>10.1f} "
             f"{r['commits_per_task']:>13.1f} {ratio:>11}"
         )
         for statement, per_task in r["top"][: args.top]:

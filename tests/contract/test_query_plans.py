@@ -14,8 +14,10 @@ from ninelives.store import sql
 
 #: Every query a run, a recovery, status, export, a worker's claim, ls and gc make.
 HOT = (
-    "get_task", "get_steps", "task_id_taken", "claim", "running_steps", "recover_steps",
-    "recoveries", "first_pending", "step_running", "fenced", "step_done", "step_back",
+    "get_task", "get_steps", "get_task_steps", "task_id_taken", "insert_task_unless_taken",
+    "claim", "running_steps", "recover_steps", "recoveries", "step_running",
+    "step_running_fenced", "fenced", "step_done", "step_done_fenced", "step_back", "append_head",
+    "append_head_fenced",
     "step_failed", "fail_task", "fence", "fence_read", "events", "unfinished", "claim_candidates",
     "claim_next", "lease_state", "holder_gone", "abandon", "renew", "release", "retry_task",
     "retry_step", "ls_page", "ls_page_status", "ls_page_queue", "ls_page_status_queue", "ls_rows",
@@ -42,7 +44,8 @@ def _params(dialect: str) -> dict[str, object]:
         "queue": "default",
         "after_ts": 0.0, "after_id": "", "page": 64, "limit": 20, "ids": ids,
         "statuses": statuses, "before": 2.0, "skip": skip, "owner": "o", "lease": 30.0,
-        "output": "{}", "refusal": "0", "run": "r", "head": '{"attempt":', "tail": "}",
+        "output": "{}", "refusal": "0", "goal": "g", "artifacts": None, "plan_sha256": None,
+        "run": "r", "head": '{"attempt":', "tail": "}",
     }  # fmt: skip
 
 

@@ -555,3 +555,35 @@ def test_the_lease_is_held_past_its_length_while_renewed(open_: Opener) -> None:
     holder.check_lease(run)
     holder.start_step(run, 0, "fetch")
     holder.end_run(run)
+
+
+def test_create_stores_each_step_row_as_the_plan_gives_it(store: Store, url: str) -> None:
+    """SQLite inserts every step in one statement, its texts carried in a JSON
+    array: each row must still hold exactly the texts one insert per step would
+    (escapes, non-ASCII, a policy or NULL), in order past ten steps."""
+    from ninelives.store.rules import step_rows
+
+    inputs = [{"text": 'é " \\ \n \u2028 😀', "n": i} for i in range(12)]
+    steps = [{"tool": f"t{i}", "input": given} for i, given in enumerate(inputs)]
+    steps[3]["max_attempts"] = 2  # a policy key on the step
+    plan = plan_from_dict({"goal": "rows", "steps": steps})
+    store.create_task("rows", plan)
+    want = [(r["idx"], r["tool"], r["input"], r["policy"]) for r in step_rows("rows", plan)]
+    query = "SELECT idx, tool, input, policy FROM steps WHERE task_id = 'rows' ORDER BY idx"
+    if is_postgres_url(url):
+        import psycopg
+
+        with psycopg.connect(url) as conn:
+            found = [tuple(r) for r in conn.execute(query).fetchall()]
+    else:
+        import sqlite3
+
+        conn = sqlite3.connect(url)
+        try:
+            found = conn.execute(query).fetchall()
+        finally:
+            conn.close()
+    assert found == want
+    assert want[3][3] is not None
+    assert want[4][3] is None
+    assert [s.input for s in store.get_task("rows").steps] == inputs

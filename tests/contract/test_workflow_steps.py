@@ -19,6 +19,7 @@ from test_store_contract import (  # noqa: F401  (fixtures)
 from ninelives.durable import Workflow, prepare
 from ninelives.errors import LeaseLost, PlanTampered, StoreError, TaskCancelled
 from ninelives.models import StepStatus, TaskStatus
+from ninelives.plan import plan_from_dict
 from ninelives.store import Store
 from ninelives.verify import check_task
 
@@ -89,6 +90,38 @@ def test_the_claim_never_starts_a_workflow_step(store: Store) -> None:
     assert run.recovered == (0,)
     assert run.started is None
     assert task.steps[0].status is StepStatus.PENDING  # its code starts it, by name
+    store.end_run(run)
+
+
+def test_a_plan_whose_goal_reads_like_a_workflow_is_started_by_its_claim(store: Store) -> None:
+    # Only the exact prefix "workflow:" makes a workflow's task (is_workflow).
+    # SQL's LIKE ignores case on SQLite: "Workflow: ..." was once taken for a
+    # workflow there, and its claim left the first step unstarted.
+    plan = plan_from_dict(
+        {"goal": "Workflow: tidy the notes", "steps": [{"tool": "fetch", "input": {}}]}
+    )
+    store.create_task("p1", plan)
+    run, task = store.begin_run("p1", "r1", start_first=True)
+    assert run.started == (0, 1)
+    assert task.steps[0].status is StepStatus.RUNNING
+    store.finish_step(run, 0, "fetch", "{}", last=True)
+    store.end_run(run)
+    assert store.get_task("p1").status is TaskStatus.DONE
+
+
+def test_the_claim_starts_no_step_of_a_task_that_is_not_pending_or_running(store: Store) -> None:
+    plan = plan_from_dict({"goal": "two", "steps": [{"tool": "a", "input": {}}] * 2})
+    store.create_task("p1", plan)
+    run, _ = store.begin_run("p1", "r1", start_first=True)
+    assert store.record_error(run, 0, "boom", 1)  # the task fails; step 1 stays pending
+    store.end_run(run)
+    run, task = store.begin_run("p1", "r2", start_first=True)
+    assert run.started is None
+    assert task.status is TaskStatus.FAILED
+    assert [s.status for s in store.get_task("p1").steps] == [
+        StepStatus.FAILED,
+        StepStatus.PENDING,
+    ]
     store.end_run(run)
 
 

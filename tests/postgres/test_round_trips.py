@@ -129,8 +129,9 @@ def test_a_step_not_running_is_refused_with_the_same_error(store: PostgresStore)
 
 def test_a_claim_and_a_read_keep_their_round_trips(store: PostgresStore) -> None:
     """Once per run, not per step, but counted too: the claim reads the lease, the
-    task (its row and steps in one round trip), recovers, starts the first step
-    and reads the task again; a worker's claim skips the lease read and the start."""
+    task (its row and steps in one round trip), recovers, reads the task again
+    and starts its first pending step (found in that read, not asked of the
+    server: a round trip fewer); a worker's claim skips the lease read and the start."""
     store.create_task("t1", PLAN)
     store.create_task("t2", PLAN, queue="q")
     with counted(store) as claim:
@@ -143,7 +144,7 @@ def test_a_claim_and_a_read_keep_their_round_trips(store: PostgresStore) -> None
         claimed = store.claim_next("q", "w1")
     assert claimed is not None
     store.end_run(claimed[0])
-    assert (claim, read, release, worker_claim) == ([8], [2], [1], [5])
+    assert (claim, read, release, worker_claim) == ([7], [2], [1], [5])
 
 
 def test_a_session_the_server_closed_while_idle_is_no_unknown_outcome(

@@ -84,6 +84,12 @@ class Transaction(Protocol):
         """As :meth:`fence`, for a task cancelled under ``run``'s epoch."""
         ...
 
+    def fenced_row(self, run: Run, query: str, params: dict[str, Any]) -> Sequence[Any] | None:
+        """:meth:`fence` (``running``), then the named query's first row. A backend
+        may fold the fence into the query (SQLite: ``<query>_fenced``, falling
+        back to the two when it returns nothing), with the same errors."""
+        ...
+
     def lock_task(self, task_id: str) -> None:
         """Keep a runner's commit off the task's row for the rest of the
         transaction (SQLite's write lock already does); :class:`UnknownTask` if absent."""
@@ -236,11 +242,21 @@ def settle_error(tx: Transaction, run: Run, idx: int, error: str) -> None:
     tx.event(run.task_id, run.run_id, EventKind.STEP_ERROR, idx, {"error": error})
 
 
-def extend_plan(tx: Transaction, task_id: str, start: int, append: Sequence[Appended]) -> None:
+def extend_plan(
+    tx: Transaction,
+    task_id: str,
+    start: int,
+    append: Sequence[Appended],
+    *,
+    stored: tuple[str | None] | None = None,
+) -> None:
     """In a turn's commit (or a workflow step's start): carry the task's plan
-    digest over the steps it appends."""
-    row = tx.row("plan_sha256", {"id": task_id})
-    digest = lineage.appended_digest(row[0] if row else None, start, append)
+    digest over the steps it appends. ``stored``: the digest as the caller
+    already read it in this transaction (``append_head``), else read here."""
+    if stored is None:
+        row = tx.row("plan_sha256", {"id": task_id})
+        stored = (row[0] if row else None,)
+    digest = lineage.appended_digest(stored[0], start, append)
     if digest is not None:
         tx.run("set_plan_sha256", {"id": task_id, "plan_sha256": digest})
 
@@ -343,23 +359,24 @@ def append(
     delay: float | None,
 ) -> int:
     """See :meth:`ninelives.store.Store.append_step`."""
-    tx.fence(run, TaskStatus.RUNNING)
-    row = tx.row("next_step_idx", {"id": run.task_id})
-    end = int(row[0]) if row is not None else 0
+    # The fence, the end of the steps and the plan digest (the fence holds the
+    # task's row, so neither moves before the commit).
+    head = tx.fenced_row(run, "append_head", {"id": run.task_id})
+    end, stored = (int(head[0]), head[1]) if head is not None else (0, None)
     if idx != end:
         raise StoreError(f"task {run.task_id!r} has {end} steps: step {idx} cannot be appended")
     params = {"id": run.task_id, "idx": idx, "tool": tool, "input": given, "policy": policy}
-    tx.run("insert_step", params)
+    # A step started at once is inserted running (attempt 1): what insert_step
+    # then step_running would leave, in one statement.
+    tx.run("insert_step" if delay is not None else "insert_running_step", params)
     tx.event(run.task_id, run.run_id, EventKind.STEP_APPENDED, idx, {"tool": tool, "by": idx})
-    extend_plan(tx, run.task_id, idx, [(tool, given, policy)])
+    extend_plan(tx, run.task_id, idx, [(tool, given, policy)], stored=(stored,))
     if delay is not None:
         tx.run("step_defer", {**params, "delay": delay})
         return 0
-    started = tx.row("step_running", params)
-    attempt = int(started[0]) if started is not None else 0
     tx.event(run.task_id, run.run_id, EventKind.STEP_STARTED, idx,
-             lineage.started_data(tool, attempt, tool_version))  # fmt: skip
-    return attempt
+             lineage.started_data(tool, 1, tool_version))  # fmt: skip
+    return 1
 
 
 class SharedCommits:

@@ -11,7 +11,16 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CommitUnknown, InputError, TaskExists, TaskIdRemoved
-from ..models import EventKind, Step, StepStatus, Task, TaskStatus, TaskSummary
+from ..models import (
+    APPROVAL_TOOL,
+    EventKind,
+    Step,
+    StepStatus,
+    Task,
+    TaskStatus,
+    TaskSummary,
+    is_workflow,
+)
 
 if TYPE_CHECKING:
     from ..plan import Plan
@@ -55,6 +64,24 @@ def recover_unknown(
         return dict.fromkeys(recovered, "rerun")
     steps = {s.idx: s for s in task.steps}
     return {idx: on_unknown(steps[idx]) for idx in recovered}
+
+
+def first_pending_step(task: Task) -> Step | None:
+    """The step a claim starts with the run (``start_first``), or None: the first
+    pending one of a pending or running task, unless it is an approval (which
+    parks, never runs) or the task is a workflow's (its code starts its own
+    steps once it has called them by name: see :mod:`ninelives.durable`).
+
+    Decided here in Python, on the task the claim read, so the claim needs no
+    query of its own; and ``is_workflow`` is case-sensitive, as the goal's
+    prefix is (SQL's ``LIKE`` is not, on SQLite).
+    """
+    if task.status not in (TaskStatus.PENDING, TaskStatus.RUNNING) or is_workflow(task.goal):
+        return None
+    step = next((s for s in task.steps if s.status is StepStatus.PENDING), None)
+    if step is None or step.tool == APPROVAL_TOOL:
+        return None
+    return step
 
 
 def retry_target(task: Task, step: int | None) -> int:

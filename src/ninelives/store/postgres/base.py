@@ -245,6 +245,12 @@ class Session:
             else:
                 lease.lost = True
 
+    def _after_commit(self, run: Run, sent: float) -> None:
+        """A fenced commit sent at ``sent`` renewed ``run``'s lease."""
+        lease = self._leases.get(run.run_id)
+        if lease is not None:
+            self._renewed(lease, sent, ok=True)
+
     # -- the journal, the fence, the load ------------------------------------
 
     def lost(self, run: Run) -> LeaseLost:
@@ -543,6 +549,11 @@ class PostgresTransaction(Journaling):
                 raise session.lost(run)
 
         session.defer(check)
+
+    def fenced_row(self, run: Run, query: str, params: dict[str, Any]) -> Any:
+        # Not folded here: the fence is an UPDATE that renews the lease too.
+        self.fence(run, TaskStatus.RUNNING)
+        return self.row(query, params)
 
     def lock_task(self, task_id: str) -> None:
         if self.row("task_row_lock", {"id": task_id}) is None:

@@ -47,21 +47,26 @@ from psycopg import errors as pg_errors
 from ... import crashpoints, lineage
 from ...errors import CommitUnknown, StoreError, TaskBusy, TaskExists, UnknownTask
 from ...models import (
-    APPROVAL_TOOL,
     Event,
     EventKind,
     Run,
     Step,
+    StepStatus,
     Task,
     TaskStatus,
 )
 from ...plan import Plan
 from .. import commits
-from ..base import Appended, Grant
+from ..base import Grant
 from ..conninfo import Redactor, redact_url
 from ..leases import DEFAULT_LEASE, fencing_disabled, heartbeat_disabled
-from ..rules import recovery_limit_reason, retry_target, step_rows, task_exists
-from . import runner
+from ..rules import (
+    first_pending_step,
+    recovery_limit_reason,
+    retry_target,
+    step_rows,
+    task_exists,
+)
 from .base import (
     LOCK_TIMEOUT_MS,
     Conn,
@@ -73,6 +78,7 @@ from .base import (
 )
 from .blobs import TableBlobs
 from .housekeeping import PostgresHousekeeping
+from .runner import StepCommits
 
 
 def redact(url: str) -> str:
@@ -80,7 +86,7 @@ def redact(url: str) -> str:
     return redact_url(url)
 
 
-class PostgresStore(PostgresHousekeeping, commits.SharedCommits):
+class PostgresStore(StepCommits, PostgresHousekeeping, commits.SharedCommits):
     """A :class:`~ninelives.store.Store` on one PostgreSQL database.
 
     One runner thread per store (plus its heartbeat thread); a worker with
@@ -155,11 +161,6 @@ class PostgresStore(PostgresHousekeeping, commits.SharedCommits):
         with self.transaction() as tx:
             yield tx
         self._after_commit(run, sent)
-
-    def _after_commit(self, run: Run, sent: float) -> None:
-        lease = self._leases.get(run.run_id)
-        if lease is not None:
-            self._renewed(lease, sent, ok=True)
 
     def _unlock_quietly(self, task_id: str, epoch: int) -> None:
         try:
@@ -373,14 +374,24 @@ class PostgresStore(PostgresHousekeeping, commits.SharedCommits):
             self.journal_event(
                 conn, task_id, run_id, EventKind.TASK_FAILED, idx, {"reason": reason}
             )
+        task = self.load(conn, task_id)
         # Steps run in order: a step left running for its probe comes first.
         started = (
-            self._start_first(conn, task_id, run_id, tool_version)
+            self._start_first(conn, task, run_id, tool_version)
             if start_first and not probing
             else None
         )
         crashpoints.crash("recovery_before_commit")
-        task = self.load(conn, task_id)
+        if started is not None:  # the row as step_running left it, not read again
+            idx, attempt = started
+            task = task._replace(
+                steps=tuple(
+                    s._replace(status=StepStatus.RUNNING, attempts=attempt, not_before=None)
+                    if s.idx == idx
+                    else s
+                    for s in task.steps
+                )
+            )
         run = Run(
             task_id=task_id, run_id=run_id, epoch=epoch, recovered=tuple(recovered),
             started=started,
@@ -390,22 +401,24 @@ class PostgresStore(PostgresHousekeeping, commits.SharedCommits):
     def _start_first(
         self,
         conn: Conn,
-        task_id: str,
+        task: Task,
         run_id: str,
         tool_version: Callable[[str], str | None] | None = None,
     ) -> tuple[int, int] | None:
-        row = self.fetch(conn.execute(Q["first_pending"], {"id": task_id}))
-        if row is None or row[1] == APPROVAL_TOOL:  # an approval parks, never runs
+        # The first pending step, found in the task the claim read rather than
+        # asked of the server (a round trip fewer: first_pending_step says why).
+        step = first_pending_step(task)
+        if step is None:
             return None
-        idx, tool = row
-        started = self.fetch(conn.execute(Q["step_running"], {"id": task_id, "idx": idx}))
+        params = {"id": task.id, "idx": step.idx}
+        started = self.fetch(conn.execute(Q["step_running"], params))
         if started is None:
             return None  # waiting out its backoff: the runner waits, then starts it
         attempt = int(started[0])
-        version = tool_version(tool) if tool_version is not None else None
-        data = lineage.started_data(tool, attempt, version)
-        self.journal_event(conn, task_id, run_id, EventKind.STEP_STARTED, idx, data)
-        return idx, attempt
+        version = tool_version(step.tool) if tool_version is not None else None
+        data = lineage.started_data(step.tool, attempt, version)
+        self.journal_event(conn, task.id, run_id, EventKind.STEP_STARTED, step.idx, data)
+        return step.idx, attempt
 
     def check_lease(self, run: Run) -> None:
         if not self._fencing:
@@ -424,22 +437,6 @@ class PostgresStore(PostgresHousekeeping, commits.SharedCommits):
         self._renewed(lease, sent, ok=cur.rowcount == 1)
         if lease.lost:
             raise self.lost(run)
-
-    def start_step(self, run: Run, idx: int, tool: str, *, tool_version: str | None = None) -> int:
-        return runner.start_step(self, run, idx, tool, tool_version=tool_version)
-
-    def finish_step(
-        self,
-        run: Run,
-        idx: int,
-        tool: str,
-        output: str,
-        *,
-        last: bool,
-        append: Sequence[Appended] = (),
-        fail: str | None = None,
-    ) -> None:
-        runner.finish_step(self, run, idx, tool, output, (last, append, fail))
 
     def end_run(self, run: Run) -> None:
         self._leases.pop(run.run_id, None)
@@ -475,7 +472,7 @@ class PostgresStore(PostgresHousekeeping, commits.SharedCommits):
             granted = grant(task) if grant is not None and step is None else None
             if granted is not None:
                 by, append, data = granted
-                runner.append_steps(self, conn, task_id, run_id, by, append)
+                self.append_steps(conn, task_id, run_id, by, append)
                 conn.execute(Q["retry_task"], {"id": task_id})
                 self.journal_event(conn, task_id, run_id, EventKind.TASK_RETRIED, None, data)
             else:

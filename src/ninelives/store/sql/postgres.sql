@@ -190,14 +190,6 @@ WHERE task_id = %(id)s AND step_idx = %(idx)s AND kind = 'step_recovered';
 -- name: fail_task
 UPDATE tasks SET status = 'failed', updated_at = ninelives_now() WHERE id = %(id)s;
 
--- name: first_pending
--- A workflow's code starts its own steps, once it has called them by name:
--- the claim never starts one (see ninelives.workflow).
-SELECT s.idx, s.tool FROM steps s JOIN tasks t ON t.id = s.task_id
-WHERE s.task_id = %(id)s AND s.status = 'pending' AND t.status IN ('pending', 'running')
-  AND t.goal NOT LIKE 'workflow:%%'
-ORDER BY s.idx LIMIT 1;
-
 -- name: step_running
 -- A step waiting out its backoff (not_before) is not started before then.
 UPDATE steps SET status = 'running', attempts = attempts + 1, not_before = NULL
@@ -602,9 +594,17 @@ GROUP BY bucket, outcome
 UNION ALL
 SELECT NULL, NULL, count(*), NULL FROM marks WHERE kind = 'step_started';
 
--- name: next_step_idx
--- Where a workflow's next step is appended: one past the last.
-SELECT COALESCE(MAX(idx) + 1, 0) FROM steps WHERE task_id = %(id)s;
+-- name: append_head
+-- Where a workflow's next step is appended (one past the last) and the plan
+-- digest it carries over, in one read instead of two.
+SELECT (SELECT COALESCE(MAX(idx) + 1, 0) FROM steps WHERE task_id = %(id)s), plan_sha256
+FROM tasks WHERE id = %(id)s;
+
+-- name: insert_running_step
+-- A workflow's step appended and started at once: the row as insert_step
+-- then step_running would leave it (attempt 1, no wait), in one statement.
+INSERT INTO steps (task_id, idx, tool, input, status, attempts, policy)
+VALUES (%(id)s, %(idx)s, %(tool)s, %(input)s, 'running', 1, %(policy)s);
 
 -- name: step_defer
 -- A workflow's timer (ctx.sleep): its step is not started before it is due.

@@ -9,6 +9,17 @@ FROM tasks WHERE id = :id;
 SELECT idx, tool, input, status, output, attempts, policy, progress, not_before FROM steps
 WHERE task_id = :id ORDER BY idx;
 
+-- name: get_task_steps
+-- The task and its steps in one statement (get_task's columns, then
+-- get_steps', NULL for a task with no step yet): one statement is its own
+-- snapshot, so a read needs no BEGIN and COMMIT around it, and a claim reads
+-- the task once. In steps' key order (task_id, idx): no sort.
+SELECT t.id, t.goal, t.status, t.created_at, t.updated_at, t.lease_epoch, t.artifacts,
+       t.plan_sha256,
+       s.idx, s.tool, s.input, s.status, s.output, s.attempts, s.policy, s.progress, s.not_before
+FROM tasks t LEFT JOIN steps s ON s.task_id = t.id
+WHERE t.id = :id ORDER BY s.idx;
+
 -- name: task_id_taken
 -- Ids are unique regardless of case (artifact names built from them must not
 -- collide on a case-insensitive file system); the tasks_id_lower index
@@ -27,9 +38,29 @@ SELECT id FROM tasks ORDER BY created_at, id;
 INSERT INTO tasks (id, goal, status, created_at, updated_at, queue, artifacts, plan_sha256)
 VALUES (:id, :goal, 'pending', :now, :now, :queue, :artifacts, :plan_sha256);
 
+-- name: insert_task_unless_taken
+-- SQLite's create: insert_task only if task_id_taken would find nothing (both
+-- through their lower(id) indexes), one statement instead of two. Inserting
+-- nothing, create reads task_id_taken to say by whom the id is taken.
+INSERT INTO tasks (id, goal, status, created_at, updated_at, queue, artifacts, plan_sha256)
+SELECT :id, :goal, 'pending', :now, :now, :queue, :artifacts, :plan_sha256
+WHERE NOT EXISTS (SELECT 1 FROM tasks WHERE lower(id) = lower(:id))
+  AND NOT EXISTS (SELECT 1 FROM removed_tasks WHERE lower(id) = lower(:id));
+
 -- name: insert_step
 INSERT INTO steps (task_id, idx, tool, input, status, attempts, policy)
 VALUES (:id, :idx, :tool, :input, 'pending', 0, :policy);
+
+-- name: insert_steps
+-- SQLite's create: every step of the plan in one statement instead of one
+-- each. :steps is a JSON array of [tool, input, policy] whose input and policy
+-- are the JSON texts insert_step would store, carried as JSON strings, so
+-- each column gets those texts exactly (policy null: NULL); idx is the
+-- position in the array.
+INSERT INTO steps (task_id, idx, tool, input, status, attempts, policy)
+SELECT :id, key, json_extract(value, '$[0]'), json_extract(value, '$[1]'), 'pending', 0,
+       json_extract(value, '$[2]')
+FROM json_each(:steps);
 
 -- name: insert_event
 INSERT INTO events (ts, task_id, run_id, kind, step_idx, data)
@@ -99,19 +130,23 @@ WHERE task_id = :id AND step_idx = :idx AND kind = 'step_recovered';
 -- name: fail_task
 UPDATE tasks SET status = 'failed', updated_at = :now WHERE id = :id;
 
--- name: first_pending
--- A workflow's code starts its own steps, once it has called them by name:
--- the claim never starts one (see ninelives.workflow).
-SELECT s.idx, s.tool FROM steps s JOIN tasks t ON t.id = s.task_id
-WHERE s.task_id = :id AND s.status = 'pending' AND t.status IN ('pending', 'running')
-  AND t.goal NOT LIKE 'workflow:%'
-ORDER BY s.idx LIMIT 1;
-
 -- name: step_running
 -- A step waiting out its backoff (not_before) is not started before then.
 UPDATE steps SET status = 'running', attempts = attempts + 1, not_before = NULL
 WHERE task_id = :id AND idx = :idx AND status = 'pending'
   AND (not_before IS NULL OR not_before <= :now)
+RETURNING attempts;
+
+-- name: step_running_fenced
+-- step_running with the fence of a running task folded in (fence_read's
+-- condition, and the task already 'running'): the common start of a step is
+-- one statement instead of two. Matching nothing, the runner falls back to
+-- fence, then step_running, which say why (or set a task back to running).
+UPDATE steps SET status = 'running', attempts = attempts + 1, not_before = NULL
+WHERE task_id = :id AND idx = :idx AND status = 'pending'
+  AND (not_before IS NULL OR not_before <= :now)
+  AND EXISTS (SELECT 1 FROM tasks WHERE id = :id AND lease_epoch = :epoch
+              AND status = 'running')
 RETURNING attempts;
 
 -- name: step_due_in
@@ -126,6 +161,15 @@ WHERE task_id = :id AND idx = :idx AND status = 'running';
 -- name: step_done
 UPDATE steps SET status = 'done', output = :output
 WHERE task_id = :id AND idx = :idx AND status = 'running';
+
+-- name: step_done_fenced
+-- step_done with the fence of a running task folded in, for a step that
+-- leaves its task running: one statement instead of two. Matching nothing,
+-- the runner falls back to fence, then step_done, which say why.
+UPDATE steps SET status = 'done', output = :output
+WHERE task_id = :id AND idx = :idx AND status = 'running'
+  AND EXISTS (SELECT 1 FROM tasks WHERE id = :id AND lease_epoch = :epoch
+              AND status = 'running');
 
 -- name: step_back
 -- :delay NULL: due at once; otherwise not started again before now + delay.
@@ -379,9 +423,25 @@ GROUP BY bucket, outcome
 UNION ALL
 SELECT NULL, NULL, count(*), NULL FROM marks WHERE kind = 'step_started';
 
--- name: next_step_idx
--- Where a workflow's next step is appended: one past the last.
-SELECT COALESCE(MAX(idx) + 1, 0) FROM steps WHERE task_id = :id;
+-- name: append_head
+-- Where a workflow's next step is appended (one past the last) and the plan
+-- digest it carries over, in one read instead of two.
+SELECT (SELECT COALESCE(MAX(idx) + 1, 0) FROM steps WHERE task_id = :id), plan_sha256
+FROM tasks WHERE id = :id;
+
+-- name: append_head_fenced
+-- append_head with the fence of a running task folded in (fence_read's
+-- condition, and the task already 'running'): inside the write transaction a
+-- read is as strong as the fence, one statement instead of two. No row: the
+-- runner falls back to fence, then append_head, which say why.
+SELECT (SELECT COALESCE(MAX(idx) + 1, 0) FROM steps WHERE task_id = :id), plan_sha256
+FROM tasks WHERE id = :id AND lease_epoch = :epoch AND status = 'running';
+
+-- name: insert_running_step
+-- A workflow's step appended and started at once: the row as insert_step
+-- then step_running would leave it (attempt 1, no wait), in one statement.
+INSERT INTO steps (task_id, idx, tool, input, status, attempts, policy)
+VALUES (:id, :idx, :tool, :input, 'running', 1, :policy);
 
 -- name: step_defer
 -- A workflow's timer (ctx.sleep): its step is not started before it is due.

@@ -329,6 +329,15 @@ class SQLiteBase(SQLiteHousekeepingWrites):
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read database {self.url}: {describe(exc)}") from exc
 
+    @contextmanager
+    def _read_one(self) -> Iterator[sqlite3.Connection]:
+        """The connection for a read that is one statement: its own snapshot, so
+        no BEGIN and COMMIT around it (two statements fewer); errors as :meth:`_read`'s."""
+        try:
+            yield self._conn
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read database {self.url}: {describe(exc)}") from exc
+
     def _reading(self, read: Callable[[sqlite3.Connection], T]) -> T:
         with self._read() as conn:
             return read(conn)
@@ -375,11 +384,11 @@ class SQLiteBase(SQLiteHousekeepingWrites):
     def load(self, conn: sqlite3.Connection, task_id: str, *, resolve: bool = True) -> Task:
         """The task and its steps; outputs stored as blobs read back (checked)
         unless ``resolve`` is False (rows as stored: escapes and references kept)."""
-        row = conn.execute(Q["get_task"], {"id": task_id}).fetchone()
-        if row is None:
+        rows = conn.execute(Q["get_task_steps"], {"id": task_id}).fetchall()
+        if not rows:
             raise UnknownTask(f"unknown task {task_id!r}")
-        steps = conn.execute(Q["get_steps"], {"id": task_id})
-        task = Task.from_row(row, tuple(Step.from_row(task_id, r) for r in steps))
+        steps = tuple(Step.from_row(task_id, r[8:]) for r in rows if r[8] is not None)
+        task = Task.from_row(rows[0][:8], steps)
         task = task._replace(artifacts=resolved_folder(self.path, task.artifacts))
         return resolve_task(task, self.blobs) if resolve else task
 
@@ -442,6 +451,14 @@ class SQLiteTransaction(Journaling):
     def fence_cancelled(self, run: Run) -> None:
         if self._exec("fence_cancelled", {"id": run.task_id, "epoch": run.epoch}).rowcount != 1:
             raise lease_lost(run)
+
+    def fenced_row(self, run: Run, query: str, params: dict[str, Any]) -> Any:
+        if self.store._fencing:
+            row = self.row(f"{query}_fenced", {**params, "epoch": run.epoch})
+            if row is not None:
+                return row
+        self.fence(run, TaskStatus.RUNNING)
+        return self.row(query, params)
 
     def lock_task(self, task_id: str) -> None:
         pass  # BEGIN IMMEDIATE already holds the database's write lock

@@ -6,6 +6,7 @@ rules of :mod:`ninelives.store.commits` that both backends share.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import time
@@ -24,7 +25,6 @@ from ...errors import (
 from ...journal import dumps
 from ...locking import TaskLock, is_held
 from ...models import (
-    APPROVAL_TOOL,
     Event,
     EventKind,
     Run,
@@ -38,6 +38,7 @@ from ..base import Appended, Grant, StepNotDue
 from ..rules import (
     appended_rows,
     finished_data,
+    first_pending_step,
     recovery_limit_reason,
     retry_target,
     step_rows,
@@ -51,6 +52,21 @@ from .files import (
 
 if TYPE_CHECKING:
     from ...plan import Plan
+
+
+def _admitted(found: Task, queue: str | None, check: Callable[[Task], None] | None) -> bool:
+    """Whether a claim may take ``found`` (a worker's, with ``queue``: False once
+    it is finished); raises for a cancelled task asked for by id, an edited
+    plan, or a refusal by ``check``, before anything is written."""
+    if queue is None and found.status is TaskStatus.CANCELLED:
+        raise lineage.cancelled(found.id)
+    if queue is not None or check is not None:
+        if queue is not None and found.status not in (TaskStatus.PENDING, TaskStatus.RUNNING):
+            return False
+        lineage.check_plan(found)
+        if check is not None:
+            check(found)
+    return True
 
 
 class SQLiteStore(SQLiteBase, commits.SharedCommits):
@@ -71,20 +87,29 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
         now = time.time()
         run_id = os.urandom(16).hex()
         try:
+            digest = lineage.plan_digest(
+                plan.goal, ((s.tool, s.input, s.policy) for s in plan.steps)
+            )
             with self._write() as conn:
-                taken = conn.execute(Q["task_id_taken"], {"id": task_id}).fetchone()
-                if taken is not None:
-                    raise task_exists(task_id, taken)
-                digest = lineage.plan_digest(
-                    plan.goal, ((s.tool, s.input, s.policy) for s in plan.steps)
-                )
-                conn.execute(
-                    Q["insert_task"],
+                inserted = conn.execute(
+                    Q["insert_task_unless_taken"],
                     {"id": task_id, "goal": plan.goal, "now": now, "queue": queue,
                      "artifacts": stored_folder(self.path, artifacts), "plan_sha256": digest},
                 )  # fmt: skip
+                if inserted.rowcount != 1:  # taken (in any case, or by a removed task): by whom
+                    taken = conn.execute(Q["task_id_taken"], {"id": task_id}).fetchone()
+                    if taken is None:  # cannot be, under the write lock; refuse all the same
+                        raise TaskExists(f"task {task_id!r} already exists")
+                    raise task_exists(task_id, taken)
                 rows = step_rows(task_id, plan)
-                conn.executemany(Q["insert_step"], rows)
+                # One statement for every step (insert_steps says how the texts
+                # travel). ensure_ascii off: a text SQLite cannot take fails
+                # here as it would bound on its own, never decoded as another.
+                texts = json.dumps(
+                    [[r["tool"], r["input"], r["policy"]] for r in rows], ensure_ascii=False
+                )
+                if rows:  # a workflow's task starts with none
+                    conn.execute(Q["insert_steps"], {"id": task_id, "steps": texts})
                 self.journal_event(
                     conn, task_id, run_id, EventKind.TASK_CREATED, None,
                     {"steps": len(plan.steps)}, now,
@@ -104,7 +129,7 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
         )  # fmt: skip
 
     def get_task(self, task_id: str) -> Task:
-        with self._read() as conn:
+        with self._read_one() as conn:  # load is one statement
             return self.load(conn, task_id)
 
     def task_ids(self) -> list[str]:
@@ -216,16 +241,8 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
         now = time.time()
         with self._write() as conn:
             found = self.load(conn, task_id)  # DamagedTask here writes nothing
-            if queue is None and found.status is TaskStatus.CANCELLED:
-                raise lineage.cancelled(task_id)
-            if queue is not None or check is not None:
-                if queue is not None and found.status not in (
-                    TaskStatus.PENDING, TaskStatus.RUNNING
-                ):  # fmt: skip
-                    return None
-                lineage.check_plan(found)
-                if check is not None:
-                    check(found)
+            if not _admitted(found, queue, check):
+                return None
             claim = conn.execute(Q["claim"], {"id": task_id, "now": now}).fetchone()
             if claim is None:  # removed by gc since it was read
                 raise UnknownTask(f"unknown task {task_id!r}")
@@ -237,32 +254,18 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
                 status=TaskStatus.RUNNING if found.status is TaskStatus.PENDING else found.status,
             )
             recovered = [s.idx for s in task.steps if s.status is StepStatus.RUNNING]
-            rerun, probing = commits.recover(
-                SQLiteTransaction(self, conn, now), task_id, run_id, recovered, on_unknown, task
+            probing, changed = self._recover(
+                conn, task, run_id, recovered, max_recoveries, on_unknown, now
             )
-            worn_out: tuple[int, int] | None = None
-            for idx in rerun:
-                if max_recoveries is not None and worn_out is None:
-                    times = conn.execute(Q["recoveries"], {"id": task_id, "idx": idx})
-                    count = int(times.fetchone()[0]) + 1
-                    if count > max_recoveries:
-                        worn_out = (idx, count)
-                self.journal_event(conn, task_id, run_id, EventKind.STEP_RECOVERED, idx, None, now)
-            self.journal_event(
-                conn, task_id, run_id, EventKind.RUN_STARTED, None,
-                {"recovered": recovered}, now,
-            )  # fmt: skip
-            if worn_out is not None:
-                self._fail_worn_out(conn, task_id, run_id, worn_out, max_recoveries, now)
+            if changed:
+                task = self.load(conn, task_id)  # recovery changed steps: read them back
             started = (
-                self._start_first(conn, task_id, run_id, now, tool_version)
+                self._start_first(conn, task, run_id, now, tool_version)
                 if start_first and not probing  # steps run in order: the probe comes first
                 else None
             )
             crashpoints.crash("recovery_before_commit")
-            if recovered or worn_out is not None:
-                task = self.load(conn, task_id)  # recovery changed steps: read them back
-            elif started is not None:
+            if started is not None:
                 idx, attempt = started
                 steps = tuple(
                     s._replace(status=StepStatus.RUNNING, attempts=attempt, not_before=None)
@@ -276,6 +279,40 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
             started=started,
         )  # fmt: skip
         return run, task
+
+    def _recover(
+        self,
+        conn: sqlite3.Connection,
+        task: Task,
+        run_id: str,
+        recovered: list[int],
+        max_recoveries: int | None,
+        on_unknown: Callable[[Step], str] | None,
+        now: float,
+    ) -> tuple[bool, bool]:
+        """Inside the claim: the steps found running recovered by their modes, then
+        ``run_started``; the task failed if a step reached ``max_recoveries``.
+        Returns whether a step is left running for its probe, and whether any
+        step's row changed (then the claim reads the task again)."""
+        task_id = task.id
+        rerun, probing = commits.recover(
+            SQLiteTransaction(self, conn, now), task_id, run_id, recovered, on_unknown, task
+        )
+        worn_out: tuple[int, int] | None = None
+        for idx in rerun:
+            if max_recoveries is not None and worn_out is None:
+                times = conn.execute(Q["recoveries"], {"id": task_id, "idx": idx})
+                count = int(times.fetchone()[0]) + 1
+                if count > max_recoveries:
+                    worn_out = (idx, count)
+            self.journal_event(conn, task_id, run_id, EventKind.STEP_RECOVERED, idx, None, now)
+        self.journal_event(
+            conn, task_id, run_id, EventKind.RUN_STARTED, None,
+            {"recovered": recovered}, now,
+        )  # fmt: skip
+        if worn_out is not None:
+            self._fail_worn_out(conn, task_id, run_id, worn_out, max_recoveries, now)
+        return probing, bool(recovered) or worn_out is not None
 
     def _fail_worn_out(
         self,
@@ -295,26 +332,27 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
     def _start_first(
         self,
         conn: sqlite3.Connection,
-        task_id: str,
+        task: Task,
         run_id: str,
         now: float,
         tool_version: Callable[[str], str | None] | None = None,
     ) -> tuple[int, int] | None:
-        row = conn.execute(Q["first_pending"], {"id": task_id}).fetchone()
-        if row is None or row[1] == APPROVAL_TOOL:  # an approval parks, never runs
+        # The first pending step, found in the task the claim holds rather than
+        # read again (first_pending_step says which, and why).
+        step = first_pending_step(task)
+        if step is None:
             return None
-        idx, tool = row
-        params = {"id": task_id, "idx": idx, "now": now}
+        params = {"id": task.id, "idx": step.idx, "now": now}
         started = conn.execute(Q["step_running"], params).fetchone()
         if started is None:
             return None  # waiting out its backoff: the runner waits, then starts it
         attempt = int(started[0])
-        version = tool_version(tool) if tool_version is not None else None
+        version = tool_version(step.tool) if tool_version is not None else None
         self.journal_event(
-            conn, task_id, run_id, EventKind.STEP_STARTED, idx,
-            lineage.started_data(tool, attempt, version), now,
+            conn, task.id, run_id, EventKind.STEP_STARTED, step.idx,
+            lineage.started_data(step.tool, attempt, version), now,
         )  # fmt: skip
-        return idx, attempt
+        return step.idx, attempt
 
     def check_lease(self, run: Run) -> None:
         # The kernel lock cannot lapse; only a replaced lock file lets another
@@ -346,9 +384,15 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
     def start_step(self, run: Run, idx: int, tool: str, *, tool_version: str | None = None) -> int:
         now = time.time()
         with self._cancel_aware(run), self._write() as conn:
-            self.fence(conn, run, TaskStatus.RUNNING, now)
-            params = {"id": run.task_id, "idx": idx, "now": now}
-            row = conn.execute(Q["step_running"], params).fetchone()
+            params = {"id": run.task_id, "idx": idx, "now": now, "epoch": run.epoch}
+            # The fence folded into the step's UPDATE: one statement when it holds
+            # and the step is due; else the fence, then the step, say why.
+            row = (
+                conn.execute(Q["step_running_fenced"], params).fetchone() if self._fencing else None
+            )
+            if row is None:
+                self.fence(conn, run, TaskStatus.RUNNING, now)
+                row = conn.execute(Q["step_running"], params).fetchone()
             if row is None:
                 left = conn.execute(Q["step_due_in"], params).fetchone()
                 if left is not None and left[0] > 0:
@@ -378,10 +422,7 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
             self._cancel_aware(run, "finish", idx, tool, output),
             self._write() as conn,
         ):
-            self.fence(conn, run, status, now)
-            cur = conn.execute(Q["step_done"], {"id": run.task_id, "idx": idx, "output": output})
-            if cur.rowcount != 1:
-                raise StoreError(f"task {run.task_id!r} step {idx} is not running")
+            self._done(conn, run, idx, output, status, now)
             self.journal_event(
                 conn, run.task_id, run.run_id, EventKind.STEP_FINISHED, idx,
                 finished_data(tool, output), now,
@@ -396,6 +437,27 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
                 self.journal_event(
                     conn, run.task_id, run.run_id, EventKind.TASK_DONE, None, None, now
                 )
+
+    def _done(
+        self,
+        conn: sqlite3.Connection,
+        run: Run,
+        idx: int,
+        output: str,
+        status: TaskStatus,
+        now: float,
+    ) -> None:
+        """The fence, setting the task's ``status``, and step ``idx`` done."""
+        params = {"id": run.task_id, "idx": idx, "output": output, "epoch": run.epoch}
+        # A step that leaves its task running: the fence folded into the step's
+        # UPDATE (one statement). Otherwise, or when it matched nothing, the
+        # fence, then the step, which say why.
+        if status is TaskStatus.RUNNING and self._fencing:
+            if conn.execute(Q["step_done_fenced"], params).rowcount == 1:
+                return
+        self.fence(conn, run, status, now)
+        if conn.execute(Q["step_done"], params).rowcount != 1:
+            raise StoreError(f"task {run.task_id!r} step {idx} is not running")
 
     def _append(
         self,
