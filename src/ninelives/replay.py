@@ -280,7 +280,7 @@ class WorkflowContext(ChatCalls):
 
     def _probe(self, step: Step, fn: Any) -> Step:
         """Ask the step's probe whether the effect of the attempt that died happened,
-        and commit the answer (as :func:`ninelives.runtime.waits.after_claim` does)."""
+        and commit the answer (:func:`ninelives.runtime.waits.settle_probed`)."""
         assert self._rt is not None
         assert self._run is not None
         rt, run = self._rt, self._run
@@ -296,14 +296,9 @@ class WorkflowContext(ChatCalls):
                     output = encode_output({"value": found}, rt.settings.max_output)
             except Exception as exc:  # the probe could not tell
                 block = f"the probe raised {type(exc).__name__}: {exc}"
-        crashpoints.crash("probe_answered", step.idx)
-        rt.store.settle_step(run, step.idx, output=output, block=block)
-        answer = "happened" if output else "cannot tell" if block else "did not happen"
-        rt.say(f"{run.task_id}: step {step.idx} {step.tool} outcome unknown; probe: {answer}")
-        if block is not None:
-            from .runtime.waits import parked
+        from .runtime.waits import settle_probed
 
-            raise parked(rt.store.get_task(run.task_id), block)
+        settle_probed(rt, run, step, output, block)
         settled = rt.store.get_task(run.task_id).steps[step.idx]
         self._steps[step.idx] = settled
         return settled

@@ -117,13 +117,20 @@ def after_claim(rt: Waiter, run: Run, task: Task) -> Task:
         return task
     for step in left:
         output, block = _probe(rt, run, task, step)
-        crashpoints.crash("probe_answered", step.idx)
-        rt.store.settle_step(run, step.idx, output=output, block=block)
-        answer = "happened" if output else "cannot tell" if block else "did not happen"
-        rt.say(f"{run.task_id}: step {step.idx} {step.tool} outcome unknown; probe: {answer}")
-        if block is not None:
-            raise parked(rt.store.get_task(run.task_id), block)
+        settle_probed(rt, run, step, output, block)
     return rt.store.get_task(run.task_id)
+
+
+def settle_probed(rt: Waiter, run: Run, step: Step, output: str | None, block: str | None) -> None:
+    """Commit a probe's answer for ``step``: done with ``output`` (the effect
+    happened), pending again (neither), or parked with ``block`` (it could not
+    tell), which raises :class:`TaskBlocked`."""
+    crashpoints.crash("probe_answered", step.idx)
+    rt.store.settle_step(run, step.idx, output=output, block=block)
+    answer = "happened" if output else "cannot tell" if block else "did not happen"
+    rt.say(f"{run.task_id}: step {step.idx} {step.tool} outcome unknown; probe: {answer}")
+    if block is not None:
+        raise parked(rt.store.get_task(run.task_id), block)
 
 
 def _probe(rt: Waiter, run: Run, task: Task, step: Step) -> tuple[str | None, str | None]:
