@@ -587,3 +587,32 @@ def test_create_stores_each_step_row_as_the_plan_gives_it(store: Store, url: str
     assert want[3][3] is not None
     assert want[4][3] is None
     assert [s.input for s in store.get_task("rows").steps] == inputs
+
+
+def test_sqlite_create_keeps_a_nul_in_a_tool_name(tmp_path: Path) -> None:
+    """A plan given as a Plan object names its tools as registered: SQLite
+    stores a NUL in a name as one insert per step does. The texts travel in a
+    JSON array that SQLite's json_extract cuts at a NUL: 'a\\x00b' must not be
+    stored as 'a' (and the task then refused as changed since its create)."""
+    import sqlite3
+
+    from ninelives.plan import Plan, StepSpec
+
+    url = str(tmp_path / "state.db")
+    store = open_store(url)
+    try:
+        tools = ["a\x00b", "plain", "\x00"]
+        plan = Plan(goal="nul", steps=tuple(StepSpec(tool=t, input={"n": 1}) for t in tools))
+        store.create_task("nul", plan)
+        conn = sqlite3.connect(url)
+        try:
+            stored = [r[0] for r in conn.execute("SELECT tool FROM steps ORDER BY idx")]
+        finally:
+            conn.close()
+        assert stored == tools
+        assert [s.tool for s in store.get_task("nul").steps] == tools
+        run, _ = store.begin_run("nul", "r1", start_first=True)  # the digest still matches
+        assert run.started == (0, 1)
+        store.end_run(run)
+    finally:
+        store.close()

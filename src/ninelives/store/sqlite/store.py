@@ -12,7 +12,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ... import crashpoints, lineage
 from ...errors import (
@@ -69,6 +69,12 @@ def _admitted(found: Task, queue: str | None, check: Callable[[Task], None] | No
     return True
 
 
+def _has_nul(row: dict[str, Any]) -> bool:
+    """Whether a text of an ``insert_step`` row holds a NUL (a tool's name can:
+    JSON texts escape theirs), which insert_steps' json_extract would cut at."""
+    return any(isinstance(row[k], str) and "\x00" in row[k] for k in ("tool", "input", "policy"))
+
+
 class SQLiteStore(SQLiteBase, commits.SharedCommits):
     """A :class:`~ninelives.store.Store` on one SQLite file. Not thread-safe."""
 
@@ -108,7 +114,9 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
                 texts = json.dumps(
                     [[r["tool"], r["input"], r["policy"]] for r in rows], ensure_ascii=False
                 )
-                if rows:  # a workflow's task starts with none
+                if any(_has_nul(r) for r in rows):  # json_extract would end a text there
+                    conn.executemany(Q["insert_step"], rows)
+                elif rows:  # a workflow's task starts with none
                     conn.execute(Q["insert_steps"], {"id": task_id, "steps": texts})
                 self.journal_event(
                     conn, task_id, run_id, EventKind.TASK_CREATED, None,
