@@ -616,3 +616,25 @@ def test_sqlite_create_keeps_a_nul_in_a_tool_name(tmp_path: Path) -> None:
         store.end_run(run)
     finally:
         store.close()
+
+
+def test_a_taken_id_is_refused_before_a_plan_the_store_cannot_digest(store: Store) -> None:
+    """Create checks the id first: a taken id (in any case) is TaskExists even when
+    the plan, given as a Plan object, holds a value its digest cannot encode
+    (NaN, a lone surrogate); a new id gets the plan's own error. Nothing written."""
+    import math
+
+    from ninelives.plan import Plan, StepSpec
+
+    store.create_task("Taken", plan_from_dict({"goal": "g", "steps": [{"tool": "a", "input": {}}]}))
+    before = store.events("Taken")
+    policies = [({"timeout": math.nan}, "not JSON compliant"), ({"x": "\ud800"}, "surrogates")]
+    for policy, why in policies:
+        bad = Plan(goal="g", steps=(StepSpec(tool="a", input={}, policy=policy),))
+        for task_id in ("Taken", "taken"):
+            with pytest.raises(TaskExists):
+                store.create_task(task_id, bad)
+        with pytest.raises(ValueError, match=why):
+            store.create_task("fresh", bad)
+    assert store.task_ids() == ["Taken"]
+    assert store.events("Taken") == before

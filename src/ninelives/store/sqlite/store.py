@@ -75,6 +75,19 @@ def _has_nul(row: dict[str, Any]) -> bool:
     return any(isinstance(row[k], str) and "\x00" in row[k] for k in ("tool", "input", "policy"))
 
 
+def _digest(conn: sqlite3.Connection, task_id: str, plan: Plan) -> str:
+    """The plan's digest, in create's write. A plan it cannot be computed for (a
+    text that cannot be encoded, a value JSON lacks) is refused with the taken
+    id's error first, as when create read task_id_taken before it."""
+    try:
+        return lineage.plan_digest(plan.goal, ((s.tool, s.input, s.policy) for s in plan.steps))
+    except Exception:
+        taken = conn.execute(Q["task_id_taken"], {"id": task_id}).fetchone()
+        if taken is not None:
+            raise task_exists(task_id, taken) from None
+        raise
+
+
 class SQLiteStore(SQLiteBase, commits.SharedCommits):
     """A :class:`~ninelives.store.Store` on one SQLite file. Not thread-safe."""
 
@@ -93,10 +106,8 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
         now = time.time()
         run_id = os.urandom(16).hex()
         try:
-            digest = lineage.plan_digest(
-                plan.goal, ((s.tool, s.input, s.policy) for s in plan.steps)
-            )
             with self._write() as conn:
+                digest = _digest(conn, task_id, plan)
                 inserted = conn.execute(
                     Q["insert_task_unless_taken"],
                     {"id": task_id, "goal": plan.goal, "now": now, "queue": queue,
