@@ -638,3 +638,35 @@ def test_a_taken_id_is_refused_before_a_plan_the_store_cannot_digest(store: Stor
             store.create_task("fresh", bad)
     assert store.task_ids() == ["Taken"]
     assert store.events("Taken") == before
+
+
+def test_sqlite_reading_a_task_reads_its_goal_once(tmp_path: Path) -> None:
+    """The task and its steps are read in one statement: the task's columns must
+    not come back with every step, or a long goal (a workflow's arguments, up
+    to a MiB) is copied once per step (a MiB times 5000 steps: 5 GB per read)."""
+    import tracemalloc
+
+    from ninelives.plan import Plan, StepSpec
+
+    store = open_store(str(tmp_path / "state.db"))
+    try:
+        goal = "g" * 100_000
+        steps = tuple(StepSpec(tool="t", input={"i": i}) for i in range(600))
+        store.create_task("long", Plan(goal=goal, steps=steps))
+        tracemalloc.start()
+        try:
+            task = store.get_task("long")
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert task.goal == goal
+        assert [s.input for s in task.steps] == [{"i": i} for i in range(600)]
+        assert peak < 10 * len(goal) + 5_000_000  # not 600 copies of the goal (60 MB)
+        run, claimed = store.begin_run("long", "r1", start_first=True)
+        assert (claimed.goal, len(claimed.steps), run.started) == (goal, 600, (0, 1))
+        store.end_run(run)
+        empty = Plan(goal=goal, steps=())
+        store.create_task("none", empty)
+        assert (store.get_task("none").goal, store.get_task("none").steps) == (goal, ())
+    finally:
+        store.close()
