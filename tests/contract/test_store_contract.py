@@ -587,3 +587,86 @@ def test_create_stores_each_step_row_as_the_plan_gives_it(store: Store, url: str
     assert want[3][3] is not None
     assert want[4][3] is None
     assert [s.input for s in store.get_task("rows").steps] == inputs
+
+
+def test_sqlite_create_keeps_a_nul_in_a_tool_name(tmp_path: Path) -> None:
+    """A plan given as a Plan object names its tools as registered: SQLite
+    stores a NUL in a name as one insert per step does. The texts travel in a
+    JSON array that SQLite's json_extract cuts at a NUL: 'a\\x00b' must not be
+    stored as 'a' (and the task then refused as changed since its create)."""
+    import sqlite3
+
+    from ninelives.plan import Plan, StepSpec
+
+    url = str(tmp_path / "state.db")
+    store = open_store(url)
+    try:
+        tools = ["a\x00b", "plain", "\x00"]
+        plan = Plan(goal="nul", steps=tuple(StepSpec(tool=t, input={"n": 1}) for t in tools))
+        store.create_task("nul", plan)
+        conn = sqlite3.connect(url)
+        try:
+            stored = [r[0] for r in conn.execute("SELECT tool FROM steps ORDER BY idx")]
+        finally:
+            conn.close()
+        assert stored == tools
+        assert [s.tool for s in store.get_task("nul").steps] == tools
+        run, _ = store.begin_run("nul", "r1", start_first=True)  # the digest still matches
+        assert run.started == (0, 1)
+        store.end_run(run)
+    finally:
+        store.close()
+
+
+def test_a_taken_id_is_refused_before_a_plan_the_store_cannot_digest(store: Store) -> None:
+    """Create checks the id first: a taken id (in any case) is TaskExists even when
+    the plan, given as a Plan object, holds a value its digest cannot encode
+    (NaN, a lone surrogate); a new id gets the plan's own error. Nothing written."""
+    import math
+
+    from ninelives.plan import Plan, StepSpec
+
+    store.create_task("Taken", plan_from_dict({"goal": "g", "steps": [{"tool": "a", "input": {}}]}))
+    before = store.events("Taken")
+    policies = [({"timeout": math.nan}, "not JSON compliant"), ({"x": "\ud800"}, "surrogates")]
+    for policy, why in policies:
+        bad = Plan(goal="g", steps=(StepSpec(tool="a", input={}, policy=policy),))
+        for task_id in ("Taken", "taken"):
+            with pytest.raises(TaskExists):
+                store.create_task(task_id, bad)
+        with pytest.raises(ValueError, match=why):
+            store.create_task("fresh", bad)
+    assert store.task_ids() == ["Taken"]
+    assert store.events("Taken") == before
+
+
+def test_sqlite_reading_a_task_reads_its_goal_once(tmp_path: Path) -> None:
+    """The task and its steps are read in one statement: the task's columns must
+    not come back with every step, or a long goal (a workflow's arguments, up
+    to a MiB) is copied once per step (a MiB times 5000 steps: 5 GB per read)."""
+    import tracemalloc
+
+    from ninelives.plan import Plan, StepSpec
+
+    store = open_store(str(tmp_path / "state.db"))
+    try:
+        goal = "g" * 100_000
+        steps = tuple(StepSpec(tool="t", input={"i": i}) for i in range(600))
+        store.create_task("long", Plan(goal=goal, steps=steps))
+        tracemalloc.start()
+        try:
+            task = store.get_task("long")
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert task.goal == goal
+        assert [s.input for s in task.steps] == [{"i": i} for i in range(600)]
+        assert peak < 10 * len(goal) + 5_000_000  # not 600 copies of the goal (60 MB)
+        run, claimed = store.begin_run("long", "r1", start_first=True)
+        assert (claimed.goal, len(claimed.steps), run.started) == (goal, 600, (0, 1))
+        store.end_run(run)
+        empty = Plan(goal=goal, steps=())
+        store.create_task("none", empty)
+        assert (store.get_task("none").goal, store.get_task("none").steps) == (goal, ())
+    finally:
+        store.close()

@@ -13,9 +13,13 @@ WHERE task_id = :id ORDER BY idx;
 -- The task and its steps in one statement (get_task's columns, then
 -- get_steps', NULL for a task with no step yet): one statement is its own
 -- snapshot, so a read needs no BEGIN and COMMIT around it, and a claim reads
--- the task once. In steps' key order (task_id, idx): no sort.
-SELECT t.id, t.goal, t.status, t.created_at, t.updated_at, t.lease_epoch, t.artifacts,
-       t.plan_sha256,
+-- the task once. In steps' key order (task_id, idx): no sort. The goal (up to
+-- a MiB: a workflow's arguments) comes with the first row only, not once per
+-- step; the subquery names none of the outer columns, so it runs once.
+SELECT t.id,
+       CASE WHEN s.idx IS NULL OR s.idx = (SELECT MIN(idx) FROM steps WHERE task_id = :id)
+            THEN t.goal END,
+       t.status, t.created_at, t.updated_at, t.lease_epoch, t.artifacts, t.plan_sha256,
        s.idx, s.tool, s.input, s.status, s.output, s.attempts, s.policy, s.progress, s.not_before
 FROM tasks t LEFT JOIN steps s ON s.task_id = t.id
 WHERE t.id = :id ORDER BY s.idx;

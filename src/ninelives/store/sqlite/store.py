@@ -12,7 +12,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ... import crashpoints, lineage
 from ...errors import (
@@ -69,6 +69,25 @@ def _admitted(found: Task, queue: str | None, check: Callable[[Task], None] | No
     return True
 
 
+def _has_nul(row: dict[str, Any]) -> bool:
+    """Whether a text of an ``insert_step`` row holds a NUL (a tool's name can:
+    JSON texts escape theirs), which insert_steps' json_extract would cut at."""
+    return any(isinstance(row[k], str) and "\x00" in row[k] for k in ("tool", "input", "policy"))
+
+
+def _digest(conn: sqlite3.Connection, task_id: str, plan: Plan) -> str:
+    """The plan's digest, in create's write. A plan it cannot be computed for (a
+    text that cannot be encoded, a value JSON lacks) is refused with the taken
+    id's error first, as when create read task_id_taken before it."""
+    try:
+        return lineage.plan_digest(plan.goal, ((s.tool, s.input, s.policy) for s in plan.steps))
+    except Exception:
+        taken = conn.execute(Q["task_id_taken"], {"id": task_id}).fetchone()
+        if taken is not None:
+            raise task_exists(task_id, taken) from None
+        raise
+
+
 class SQLiteStore(SQLiteBase, commits.SharedCommits):
     """A :class:`~ninelives.store.Store` on one SQLite file. Not thread-safe."""
 
@@ -87,10 +106,8 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
         now = time.time()
         run_id = os.urandom(16).hex()
         try:
-            digest = lineage.plan_digest(
-                plan.goal, ((s.tool, s.input, s.policy) for s in plan.steps)
-            )
             with self._write() as conn:
+                digest = _digest(conn, task_id, plan)
                 inserted = conn.execute(
                     Q["insert_task_unless_taken"],
                     {"id": task_id, "goal": plan.goal, "now": now, "queue": queue,
@@ -108,7 +125,9 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
                 texts = json.dumps(
                     [[r["tool"], r["input"], r["policy"]] for r in rows], ensure_ascii=False
                 )
-                if rows:  # a workflow's task starts with none
+                if any(_has_nul(r) for r in rows):  # json_extract would end a text there
+                    conn.executemany(Q["insert_step"], rows)
+                elif rows:  # a workflow's task starts with none
                     conn.execute(Q["insert_steps"], {"id": task_id, "steps": texts})
                 self.journal_event(
                     conn, task_id, run_id, EventKind.TASK_CREATED, None,
