@@ -69,10 +69,20 @@ def _admitted(found: Task, queue: str | None, check: Callable[[Task], None] | No
     return True
 
 
-def _has_nul(row: dict[str, Any]) -> bool:
-    """Whether a text of an ``insert_step`` row holds a NUL (a tool's name can:
-    JSON texts escape theirs), which insert_steps' json_extract would cut at."""
-    return any(isinstance(row[k], str) and "\x00" in row[k] for k in ("tool", "input", "policy"))
+def _insert_steps(conn: sqlite3.Connection, task_id: str, rows: list[dict[str, Any]]) -> None:
+    """Every step of a new task in one statement (insert_steps says how the texts
+    travel); one insert per step when a tool's name holds a NUL, at which
+    insert_steps' json_extract would end the name (input and policy are JSON
+    texts, whose NULs are escaped)."""
+    if not rows:  # a workflow's task starts with none
+        return
+    if any("\x00" in r["tool"] for r in rows):
+        conn.executemany(Q["insert_step"], rows)
+        return
+    # ensure_ascii off: a text SQLite cannot take fails here as it would bound
+    # on its own, never decoded as another.
+    texts = json.dumps([[r["tool"], r["input"], r["policy"]] for r in rows], ensure_ascii=False)
+    conn.execute(Q["insert_steps"], {"id": task_id, "steps": texts})
 
 
 def _digest(conn: sqlite3.Connection, task_id: str, plan: Plan) -> str:
@@ -119,16 +129,7 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
                         raise TaskExists(f"task {task_id!r} already exists")
                     raise task_exists(task_id, taken)
                 rows = step_rows(task_id, plan)
-                # One statement for every step (insert_steps says how the texts
-                # travel). ensure_ascii off: a text SQLite cannot take fails
-                # here as it would bound on its own, never decoded as another.
-                texts = json.dumps(
-                    [[r["tool"], r["input"], r["policy"]] for r in rows], ensure_ascii=False
-                )
-                if any(_has_nul(r) for r in rows):  # json_extract would end a text there
-                    conn.executemany(Q["insert_step"], rows)
-                elif rows:  # a workflow's task starts with none
-                    conn.execute(Q["insert_steps"], {"id": task_id, "steps": texts})
+                _insert_steps(conn, task_id, rows)
                 self.journal_event(
                     conn, task_id, run_id, EventKind.TASK_CREATED, None,
                     {"steps": len(plan.steps)}, now,
