@@ -1,11 +1,24 @@
 """Per-task kernel locks for the SQLite backend.
 
-``fcntl.flock`` locks belong to an open file description, so the kernel drops
-them when the process dies, SIGKILL included: no stale PID files. Lock files
-live in ``<db>.locks/`` beside the database; each name is the SHA-256 of the
-task id, so no id can steer a lock file anywhere else. ``<db>`` is the
-database's real path (symlinks resolved, hard links refused by the store), so
-every name of one database file reaches the same locks.
+A task's lock dies with the process that holds it, SIGKILL included: no stale
+PID files. Locks live in ``<db>.locks/`` beside the database, where ``<db>`` is
+the database's real path (symlinks resolved, hard links refused by the store),
+so every name of one database file reaches the same locks. Two schemes:
+
+* On 64-bit Linux, a task's lock is one byte of the shared file
+  ``tasks.lock``, at an offset taken from the SHA-256 of its id, locked with an
+  open file description lock (``F_OFD_SETLK``). Like ``flock``, such a lock
+  belongs to the open file, not to the process, so two runners in one process
+  exclude each other and the kernel drops it when the file's last descriptor
+  closes. No file is made per task: creating one cost more than a whole
+  step's two commits.
+* Elsewhere (macOS), ``fcntl.flock`` on a file per task, named by 32 hex digits
+  of that hash: no id can steer a lock file anywhere else.
+
+Earlier builds used the second scheme on Linux too. So that a process of such a
+build, still running through an upgrade, and a process of this one exclude each
+other, a task's lock is also taken on its per-task file when one is there (an
+earlier build made one for every task it claimed).
 """
 
 from __future__ import annotations
@@ -13,14 +26,26 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import struct
+import sys
 
 from .errors import StoreError, TaskBusy
 
 #: The blob store's lock in the lock folder (:class:`ninelives.blobs.FolderBlobs`):
 #: writers hold it shared, a sweep exclusive. Never a task's, never removed.
 BLOBS_LOCK = "blobs.lock"
-#: The name of a task's lock file: 32 hex digits of the SHA-256 of its id.
+#: The shared file whose bytes are the tasks' locks (64-bit Linux).
+TASKS_LOCK = "tasks.lock"
+#: The name of a task's own lock file: 32 hex digits of the SHA-256 of its id.
 TASK_LOCK_NAME = r"[0-9a-f]{32}\.lock"
+#: Whether tasks are locked as byte ranges of :data:`TASKS_LOCK`. ``struct
+#: flock`` is packed by hand below, in its 64-bit Linux layout.
+RANGES = (
+    sys.platform.startswith("linux") and hasattr(fcntl, "F_OFD_SETLK") and struct.calcsize("P") == 8
+)
+#: ``struct flock``: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks).
+_FLOCK = struct.Struct("hhqqi4x")
+_BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
 
 
 def lock_folder(db_path: str) -> str:
@@ -28,12 +53,21 @@ def lock_folder(db_path: str) -> str:
     return db_path + ".locks"
 
 
-def lock_path(db_path: str, task_id: str) -> str:
-    """The lock file of one task: a hash of the id, never the id itself."""
+def _digest(task_id: str) -> str:
     import hashlib
 
-    digest = hashlib.sha256(task_id.encode("utf-8")).hexdigest()[:32]
-    return os.path.join(lock_folder(db_path), f"{digest}.lock")
+    return hashlib.sha256(task_id.encode("utf-8")).hexdigest()[:32]
+
+
+def lock_path(db_path: str, task_id: str) -> str:
+    """The task's own lock file: a hash of the id, never the id itself."""
+    return os.path.join(lock_folder(db_path), f"{_digest(task_id)}.lock")
+
+
+def _range(fd: int, command: int, kind: int, offset: int) -> int:
+    """Apply an OFD lock ``command`` to the byte at ``offset``; the lock type back."""
+    packed = fcntl.fcntl(fd, command, _FLOCK.pack(kind, os.SEEK_SET, offset, 1, 0))
+    return int(_FLOCK.unpack(packed)[0])
 
 
 class TaskLock:
@@ -42,7 +76,10 @@ class TaskLock:
     def __init__(self, db_path: str, task_id: str) -> None:
         self.path = lock_path(db_path, task_id)
         self.task_id = task_id
-        self._fd: int | None = None
+        # 60 bits of the hash: a shared byte would only make two tasks wait
+        # for each other (TaskBusy), never let two runners hold one task.
+        self.offset = int(os.path.basename(self.path)[:15], 16)
+        self._fds: list[int] = []
 
     def acquire(self) -> None:
         """Take the lock or raise :class:`TaskBusy` at once (never waits).
@@ -57,7 +94,7 @@ class TaskLock:
         except FileExistsError:
             pass
         # The folder is opened without following a link, and the lock file
-        # created inside that very folder (dir_fd): no swap between check and use.
+        # opened inside that very folder (dir_fd): no swap between check and use.
         try:
             dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         except OSError as exc:
@@ -68,56 +105,76 @@ class TaskLock:
                 ) from None
             raise
         try:
-            # os.open makes the descriptor non-inheritable, so a tool's child
-            # process cannot keep the lock alive after this process dies.
-            fd = os.open(
-                os.path.basename(self.path),
-                os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW,
-                0o600,
-                dir_fd=dir_fd,
-            )
+            own = os.path.basename(self.path)
+            if RANGES:
+                self._take(TASKS_LOCK, dir_fd, create=True, ranged=True)
+            self._take(own, dir_fd, create=not RANGES, ranged=False)
+        except BaseException:
+            self.release()
+            raise
         finally:
             os.close(dir_fd)
+
+    def _take(self, name: str, dir_fd: int, *, create: bool, ranged: bool) -> None:
+        # os.open makes the descriptor non-inheritable, so a tool's child
+        # process cannot keep the lock alive after this process dies.
+        flags = os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd = os.open(name, flags, 0o600, dir_fd=dir_fd)
+        except FileNotFoundError:
+            if create:
+                raise
+            return  # no per-task file: no older version has claimed the task
+        self._fds.append(fd)
+        try:
+            if ranged:
+                _range(fd, fcntl.F_OFD_SETLK, fcntl.F_WRLCK, self.offset)
+            else:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            if exc.errno in _BUSY:
                 raise TaskBusy(f"task {self.task_id!r} is being run by another process") from None
             raise
-        self._fd = fd
 
     def release(self) -> None:
-        """Drop the lock; idempotent. The file stays: unlinking it would race
-        with a process that has just opened it."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        """Drop the lock; idempotent. A per-task file stays: unlinking it would
+        race with a process that has just opened it."""
+        while self._fds:
+            os.close(self._fds.pop())
 
 
 def is_held(db_path: str, task_id: str) -> bool:
     """Whether a live process holds the task's lock. Creates nothing (a reader
     may call it): no lock file means nobody holds the lock."""
+    lock = TaskLock(db_path, task_id)
+    shared = os.path.join(os.path.dirname(lock.path), TASKS_LOCK)
+    return (RANGES and _held(shared, lock.offset)) or _held(lock.path, None)
+
+
+def _held(path: str, offset: int | None) -> bool:
     try:
-        fd = os.open(lock_path(db_path, task_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return False
     try:
+        if offset is not None:
+            return _range(fd, fcntl.F_OFD_GETLK, fcntl.F_RDLCK, offset) != fcntl.F_UNLCK
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError as exc:
-        return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+        return exc.errno in _BUSY
     finally:
         os.close(fd)
     return False
 
 
 def remove_lock(lock: TaskLock) -> None:
-    """Unlink the file of a lock this process holds (a task that is gone).
+    """Unlink the per-task file of a lock this process holds (a task that is gone).
 
     Held while unlinked, so no other process has it at that moment; one that
     opened the file before and locks it after the release holds a lock on a
     name that no longer exists, for a task that no longer exists either: its
-    claim finds no task (a new task of the same id gets a new file).
+    claim finds no task (a new task of the same id gets a new file). A byte
+    of ``tasks.lock`` needs no removal.
     """
     try:
         os.unlink(lock.path)

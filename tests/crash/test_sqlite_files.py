@@ -1,19 +1,19 @@
-"""SQLite specifics: private files, hashed lock names, and a kernel lock that dies
-with its process."""
+"""SQLite specifics: private files, no lock file per task, an earlier build's lock
+file honoured, and a kernel lock that dies with its process."""
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 import signal
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from ninelives.locking import RANGES, lock_path
 from ninelives.testing import Lab, five_property_violations
 from ninelives.testing.lab import GUIDE_PLAN
 
@@ -71,22 +71,57 @@ def test_database_wal_and_lock_files_are_private(sqlite_lab: Lab) -> None:
     assert mode(lab.root / "state.db") == 0o600
 
 
-def test_lock_file_is_named_by_a_hash_of_the_task_id(sqlite_lab: Lab) -> None:
+def test_no_lock_file_carries_a_task_id(sqlite_lab: Lab) -> None:
+    """On Linux every task's lock is a byte of ``tasks.lock``: running tasks makes no
+    file per task. Elsewhere a task's file is named by a hash of its id
+    (``test_a_task_file_is_named_by_a_hash_of_its_id`` in ``tests/unit/test_locking.py``)."""
     lab = sqlite_lab
     lab.guide_setup()
     ids = ["secret-task", "Another.Task_2"]
     for task_id in ids:
         assert lab.cli("create", task_id, "plan.json").returncode == 0
         assert lab.cli("run", task_id).returncode == 0
-    names = sorted(os.listdir(lab.root / "state.db.locks"))
-    expected = sorted(hashlib.sha256(i.encode()).hexdigest()[:32] + ".lock" for i in ids)
-    assert names == expected
-    for name in names:
-        assert re.fullmatch(r"[0-9a-f]{32}\.lock", name)
-        assert not any(task_id.lower() in name.lower() for task_id in ids)
-    # Nothing else anywhere carries the id as a file name, apart from the artifacts.
+    assert RANGES, "the suite runs where byte-range locks are (64-bit Linux)"
+    assert sorted(os.listdir(lab.root / "state.db.locks")) == ["tasks.lock"]
+    # Nothing anywhere carries the id as a file name, apart from the artifacts.
     named = [p for p in lab.files() if any(i in p for i in ids)]
     assert sorted(named) == sorted(f"artifacts/{i}-2.md" for i in ids)
+
+
+HOLD_AS_AN_EARLIER_BUILD = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_lock_file_of_an_earlier_build_still_excludes(sqlite_lab: Lab) -> None:
+    """Through an upgrade, a runner of an earlier build (one ``flock``ed file per
+    task) and one of this build must not both hold a task: a task's own file is
+    locked too when it is there. Control: with that file free the run goes on."""
+    lab = sqlite_lab
+    lab.guide_setup()
+    assert lab.cli("create", "t", "plan.json").returncode == 0
+    own = lock_path(str(lab.sqlite_path), "t")
+    os.makedirs(os.path.dirname(own), exist_ok=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_AS_AN_EARLIER_BUILD, own], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == "held\n"
+        before = lab.snapshot("t")
+        refused = lab.cli("run", "t")
+        assert refused.returncode == 3, refused
+        assert "is being run by another process" in refused.stderr
+        assert lab.snapshot("t") == before
+    finally:
+        Lab.kill(holder)
+    resumed = lab.cli("run", "t")
+    assert resumed.returncode == 0, resumed.stderr
+    assert lab.snapshot("t").status["status"] == "done"
 
 
 def test_kernel_lock_dies_with_sigkill(sqlite_lab: Lab) -> None:

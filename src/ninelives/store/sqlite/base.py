@@ -23,11 +23,10 @@ from ...errors import (
     CommitUnknown,
     LeaseLost,
     StoreError,
-    TaskBusy,
     UnknownTask,
 )
 from ...journal import dumps
-from ...locking import BLOBS_LOCK, TaskLock, lock_folder, lock_path
+from ...locking import BLOBS_LOCK, TaskLock, lock_folder
 from ...models import (
     EventKind,
     Run,
@@ -391,16 +390,6 @@ class SQLiteBase(SQLiteHousekeepingWrites):
         task = Task.from_row(rows[0][:8], steps)
         task = task._replace(artifacts=resolved_folder(self.path, task.artifacts))
         return resolve_task(task, self.blobs) if resolve else task
-
-    def _held(self, task_id: str) -> bool:
-        """Whether a live process holds the task's lock; creates no lock file."""
-        if not os.path.exists(lock_path(self.path, task_id)):
-            return False
-        try:
-            self._lock(task_id).release()
-        except TaskBusy:
-            return True
-        return False
 
     def _lock(self, task_id: str) -> TaskLock:
         lock = TaskLock(self.path, task_id)

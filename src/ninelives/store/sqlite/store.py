@@ -553,7 +553,7 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
         try:
             check(found)
         except InputError:
-            if self._held(task_id):
+            if is_held(self.path, task_id):
                 raise TaskBusy(f"task {task_id!r} is being run by another process") from None
             raise
         lock = self._lock(task_id)
