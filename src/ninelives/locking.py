@@ -136,6 +136,13 @@ class TaskLock:
                 raise TaskBusy(f"task {self.task_id!r} is being run by another process") from None
             raise
 
+    def surely_free(self) -> bool:
+        """Whether no process can hold this lock, known without taking it: where
+        each task has its own file (not :data:`RANGES`) and this task has none,
+        no process has taken its lock, and taking it would make the file. Never
+        where locks are bytes of one shared file, which every task shares."""
+        return not RANGES and not os.path.exists(self.path)
+
     def release(self) -> None:
         """Drop the lock; idempotent. A per-task file stays: unlinking it would
         race with a process that has just opened it."""

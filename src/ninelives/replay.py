@@ -344,10 +344,7 @@ class WorkflowContext(ChatCalls):
     def _before(self, step: Step, attempt: int) -> ToolContext:
         assert self._rt is not None
         assert self._run is not None
-        crashpoints.crash("before_effect", step.idx)
-        if self._rt.settings.step_delay:
-            time.sleep(self._rt.settings.step_delay)
-        self._rt.store.check_lease(self._run)  # a runner paused past its lease starts nothing
+        self._rt.before_effect(self._run, step.idx, fresh=False)
         return self._tool_context(step, attempt)
 
     def _failed(self, step: Step, attempt: int, exc: BaseException, limits: Limits) -> int:

@@ -4,6 +4,7 @@ file honoured, and a kernel lock that dies with its process."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -176,3 +177,28 @@ def test_lock_descriptor_is_close_on_exec(sqlite_lab: Lab) -> None:
     Lab.kill(runner)
     assert len(flags) == 1, fds
     assert flags[0] & os.O_CLOEXEC, "the lock's descriptor would leak into tool subprocesses"
+
+
+def test_a_runner_overtaken_before_its_effect_exits_3_without_it(sqlite_lab: Lab) -> None:
+    """A runner that another took the task from while it was between a step's
+    start and its effect (here in the test delay, its lock folder removed under
+    it) checks the lease, stops with exit 3 and never runs the effect; the other
+    runner runs it once. With no time between (no delay), the start's own fenced
+    commit is the check. Control: without the check the effect runs twice."""
+    lab = sqlite_lab
+    shutil.copy(Path(__file__).with_name("effect_tools.py"), lab.root / "effect_tools.py")
+    lab.base_env["NINELIVES_TOOLS"] = "effect_tools"
+    lab.write_plan({"goal": "pay once", "steps": [{"tool": "charge_rerun", "input": {}}]})
+    assert lab.cli("create", "pay", "plan.json").returncode == 0
+    slow = lab.spawn("run", "pay", AGENT_STEP_DELAY="3")
+    lab.wait_for("pay", "step_started", step=0)
+    shutil.rmtree(lab.root / "state.db.locks")
+    taken = lab.cli("run", "pay")
+    assert taken.returncode == 0, taken.stderr
+    _, err = slow.communicate(timeout=60)
+    assert slow.returncode == 3, err
+    assert "taken over" in err
+    assert "Traceback" not in err
+    log = (lab.root / "effects.log").read_text(encoding="utf-8").splitlines()
+    assert log == ["pay-0"]
+    assert lab.snapshot("pay").status["status"] == "done"

@@ -65,6 +65,24 @@ def test_one_holder_per_task_also_within_one_process(
         assert "tasks.lock" not in names
 
 
+@pytest.mark.parametrize("ranges", [True, False], ids=["byte-of-tasks.lock", "file-per-task"])
+def test_a_lock_is_surely_free_only_as_a_missing_file_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ranges: bool
+) -> None:
+    """What gc may leave untaken: a task without its own file, where each task has
+    one. A held byte of ``tasks.lock`` leaves no file of the task, so there a lock
+    is never known to be free without taking it."""
+    if not ranges:
+        monkeypatch.setattr(locking, "RANGES", False)
+    db = str(tmp_path / "state.db")
+    assert TaskLock(db, "t").surely_free() is not ranges
+    held = TaskLock(db, "t")
+    held.acquire()
+    assert not TaskLock(db, "t").surely_free()
+    held.release()
+    assert not TaskLock(db, "t").surely_free()  # a file per task stays after its release
+
+
 def test_a_task_file_is_named_by_a_hash_of_its_id(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -94,10 +94,13 @@ class StepRunner:
             while True:
                 began = time.monotonic()
                 attempt = self.begin_attempt(run, step, started, stop, wait, max_wait)
+                # The start's commit, fenced, checked the lease just now; the claim's
+                # may have had a recovery's work after it.
+                fresh = started is None or not run.recovered
                 started = None  # only ever the first step's first attempt
                 if attempt is None:
                     return self.store.get_task(task_id)  # stopped or parked; nothing running
-                result = self.attempt(run, step, tool, ctx, attempt, limits, progress)
+                result = self.attempt(run, step, tool, ctx, attempt, limits, progress, fresh)
                 if isinstance(result, float):  # a step_error was recorded: wait, then retry
                     wait = result
                     continue
@@ -204,19 +207,16 @@ class StepRunner:
         attempt: int,
         limits: Limits,
         progress: dict[int, Any],
+        fresh: bool = False,
     ) -> tuple[dict[str, Any], str] | float:
         """Run the tool of a step committed ``running``: its output and the JSON
         text to store, or the seconds to wait once a ``step_error`` is recorded
         (the tool raised or overran its timeout, or its output cannot be
-        stored). Raises TaskFailed when the error ends the task."""
+        stored). Raises TaskFailed when the error ends the task. ``fresh``: the
+        step's start was committed just before (see :meth:`before_effect`)."""
         from ..tools import ToolContext
 
-        crashpoints.crash("before_effect", step.idx)
-        if self.settings.step_delay:
-            time.sleep(self.settings.step_delay)
-        # A runner paused past its lease must not start an effect that
-        # another runner may own by now (its commits would be fenced anyway).
-        self.store.check_lease(run)
+        self.before_effect(run, step.idx, fresh)
         context = ToolContext(
             task_id=run.task_id, step=step.idx, attempt=attempt, outputs=ctx,
             idem_key=f"{run.task_id}-{step.idx}", progress=progress.get(step.idx),
@@ -237,6 +237,20 @@ class StepRunner:
             if context.progress is not None:
                 progress[step.idx] = context.progress
         return (returned if isinstance(returned, dict) else dict(returned)), encoded
+
+    def before_effect(self, run: Run, idx: int, fresh: bool) -> None:
+        """Between a step committed ``running`` and its effect: the crash point,
+        the test delay, and the lease check. A runner paused past its lease must
+        not start an effect that another runner may own by now (its commits
+        would be fenced anyway). When ``fresh``, with no delay, the start's own
+        commit was that check: fenced on the epoch, and on PostgreSQL renewing
+        the lease, just now; reading the epoch again would find what it found."""
+        crashpoints.crash("before_effect", idx)
+        if self.settings.step_delay:
+            time.sleep(self.settings.step_delay)
+        elif fresh:
+            return
+        self.store.check_lease(run)
 
     def saver(self, run: Run, step: Step, began: float) -> Callable[[Any], None]:
         """``ctx.checkpoint`` of one step: checked like an output, committed fenced,

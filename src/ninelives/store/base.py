@@ -139,8 +139,9 @@ class Runner(Protocol):
 
     def check_lease(self, run: Run) -> None:
         """Raise :class:`~ninelives.errors.LeaseLost` unless this runner surely still
-        holds the task: called before a tool's effect. Renews the lease first when
-        too little of it is known to remain; otherwise costs no round trip."""
+        holds the task: called before a tool's effect, unless the step's fenced
+        ``running`` commit came just before. Renews the lease first when too
+        little of it is known to remain; otherwise costs no round trip."""
         ...
 
     def abandon_run(self, run: Run) -> None:

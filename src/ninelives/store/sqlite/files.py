@@ -84,10 +84,12 @@ def stored_folder(db: str, folder: str | None) -> str | None:
     if folder is None:
         return None
     base, folder = os.path.dirname(db), os.path.abspath(folder)
-    for named in (folder, os.path.realpath(folder)):
-        if os.path.commonpath([base, named]) == base:
-            return os.path.relpath(named, base)
-    return folder
+    if os.path.commonpath([base, folder]) != base:
+        real = os.path.realpath(folder)  # only then: it asks the file system
+        if os.path.commonpath([base, real]) != base:
+            return folder
+        folder = real
+    return os.path.relpath(folder, base)
 
 
 def resolved_folder(db: str, stored: str | None) -> str | None:

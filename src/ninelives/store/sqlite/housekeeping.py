@@ -20,12 +20,10 @@ from ... import crashpoints
 from ...errors import StoreError
 from ...journal import dumps
 from ...locking import (
-    RANGES,
     TASK_LOCK_NAME,
     TaskLock,
     is_held,
     lock_folder,
-    lock_path,
     remove_lock,
 )
 from ...models import Deleted, MetricCounts, TaskHold, TaskSummary, step_durations
@@ -207,10 +205,11 @@ class SQLiteHousekeepingWrites(SQLiteHousekeeping):
         from ...errors import TaskBusy
 
         for task_id in ids:
-            if not RANGES and not os.path.exists(lock_path(self.path, task_id)):
-                # No file, no holder: a runner starting now makes the file and
-                # then finds the task gone or changed (gc_recheck) in its claim.
-                yield TaskLock(self.path, task_id)
+            free = TaskLock(self.path, task_id)
+            if free.surely_free():
+                # Not taken: a runner starting now takes it and then finds the
+                # task gone or changed (gc_recheck) in its claim.
+                yield free
                 continue
             try:
                 yield self._lock(task_id)
