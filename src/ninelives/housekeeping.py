@@ -42,6 +42,13 @@ TEMP_AGE = 15 * 60.0
 #: A write-ahead log above this size is reported (a checkpoint is overdue).
 WAL_LIMIT = 64 * 1024 * 1024
 
+#: The longest duration accepted (about 1000 years): longer is a typo, and
+#: ``now - duration`` must stay a finite timestamp.
+MAX_DURATION_DAYS = 365_000
+MAX_DURATION = MAX_DURATION_DAYS * 86400.0
+#: More digits than this cannot be under MAX_DURATION in any unit.
+_MAX_DIGITS = 12
+
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
 #: The temporary names of ninelives.tools.effects.publish_once.
 _TEMP = re.compile(r"\..+\.[0-9a-f]{16}\.tmp")
@@ -54,7 +61,19 @@ def parse_duration(text: str) -> float:
         raise InputError(
             f"duration {text!r} is not a number of s, m, h, d or w (such as 30d, 12h, 15m, 0s)"
         )
-    return sum(int(n) * _UNITS[u] for n, u in parts)
+    # Count the digits before converting: int() of thousands of digits raises
+    # ValueError, and a huge int overflows the float the sum is kept in.
+    if any(len(n.lstrip("0")) > _MAX_DIGITS for n, _ in parts):
+        raise _too_long(text)
+    seconds = sum(int(n) * _UNITS[u] for n, u in parts)
+    if seconds > MAX_DURATION:
+        raise _too_long(text)
+    return seconds
+
+
+def _too_long(text: str) -> InputError:
+    shown = text if len(text) <= 40 else text[:37] + "..."
+    return InputError(f"duration {shown!r} is too long (at most {MAX_DURATION_DAYS}d)")
 
 
 def parse_statuses(text: str, allowed: Sequence[str]) -> list[str]:

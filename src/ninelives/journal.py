@@ -47,10 +47,31 @@ def storable(value: Any, what: str) -> str:
         text = dumps(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise ValueError(f"{what} is not standard JSON: {exc}") from None
+    if "{" in text and (key := _non_string_key(value)):
+        raise ValueError(f"{what} is not standard JSON: {key[0]}")
     _check_unicode(text, what)
     if nested_deeper(text, MAX_DEPTH):
         raise ValueError(f"{what} nests more than {MAX_DEPTH} levels deep")
     return text
+
+
+def _non_string_key(value: Any) -> tuple[str] | tuple[()]:
+    """Why ``value`` would not read back as it was: a dict key that is not a string
+    (JSON makes ``{1: "a"}`` ``{"1": "a"}``, and a resumed task would find another
+    value than the first run had); ``()`` when every key is a string."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                if not isinstance(key, str):
+                    return (f"key {key!r} is not a string (JSON keeps keys as text: "
+                            "it would read back as another key)",)  # fmt: skip
+                if isinstance(inner, (dict, list, tuple)):
+                    stack.append(inner)
+        elif isinstance(item, (list, tuple)):
+            stack.extend(inner for inner in item if isinstance(inner, (dict, list, tuple)))
+    return ()
 
 
 def _check_unicode(text: str, what: str) -> int:
@@ -84,6 +105,8 @@ def encode_output(output: Any, max_bytes: int = MAX_OUTPUT_BYTES) -> str:
         text = dumps(output if isinstance(output, dict) else dict(output))
     except (TypeError, ValueError, RecursionError) as exc:
         raise OutputRefused(f"output refused: not standard JSON: {exc}") from None
+    if key := _non_string_key(output):
+        raise OutputRefused(f"output refused: not standard JSON: {key[0]}")
     if needs_escape(output):
         text = escape(text)
     try:
@@ -99,6 +122,15 @@ def encode_output(output: Any, max_bytes: int = MAX_OUTPUT_BYTES) -> str:
             f"{max_bytes} bytes (NINELIVES_MAX_OUTPUT)"
         )
     return text
+
+
+def error_text(exc: BaseException) -> str:
+    """``Type: message`` for an exception from user code; ``Type`` and a note when
+    its ``__str__`` itself raises (the failure is journaled all the same)."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception as inner:
+        return f"{type(exc).__name__} (its message raised {type(inner).__name__})"
 
 
 def clean_error(text: str) -> str:

@@ -468,9 +468,9 @@ def _decode_arguments(raw: str) -> tuple[Any, str]:
     try:
         return (json.loads(raw) if raw.strip() else {}), ""
     except ValueError:
-        # Not the model's fault alone, and not a reason to fail the exchange:
-        # the caller sees arguments that fail the tool's schema.
-        return {"_unparsed_arguments": raw}, ""
+        # Not a reason to fail the exchange: a call error the model is told of,
+        # and the tool does not run on arguments nobody gave it.
+        return {"_unparsed_arguments": raw}, "the arguments are not valid JSON"
     except RecursionError:
         # Too deep for the decoder: a call error, not a failed exchange.
         return {}, "the arguments are nested too deeply to decode"
@@ -479,4 +479,5 @@ def _decode_arguments(raw: str) -> tuple[Any, str]:
 def _call(call_id: str, name: str, arguments: Any, problem: str = "") -> ToolCall:
     if not isinstance(arguments, dict):
         arguments = {"_arguments": arguments}
+        problem = problem or "the arguments are not a JSON object"
     return ToolCall(id=call_id, name=name, arguments=arguments, problem=problem)

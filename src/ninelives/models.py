@@ -19,6 +19,8 @@ from .errors import DamagedTask
 AGENT_TOOL = "agent"
 #: The built-in tool of a step that waits for a person (see :mod:`ninelives.runtime.waits`).
 APPROVAL_TOOL = "approval"
+#: What ``ls`` shows as the status of a task whose row cannot be read.
+DAMAGED = "damaged"
 #: How a workflow task's goal begins: the rest is the canonical JSON of its
 #: workflow name, version and arguments (see :mod:`ninelives.workflow`), so the
 #: plan digest covers them and every reader gets them with the task row.
@@ -129,10 +131,13 @@ class Step(NamedTuple):
         """
         idx, tool, raw_input, status, output, attempts, policy, progress, not_before = row
         try:
+            checked(idx, "integer", "idx")
+            checked(attempts, "integer", "attempts")
+            checked(not_before, "time?", "not_before")
             return cls(
                 task_id=task_id,
                 idx=idx,
-                tool=tool,
+                tool=checked(tool, "text", "tool"),
                 input=load_json_object(raw_input),
                 status=StepStatus(status),
                 output=load_json_object(output) if output is not None else None,
@@ -142,7 +147,7 @@ class Step(NamedTuple):
                 not_before=not_before,
             )
         except (ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError
-            raise _damaged(task_id, f"step {idx}", exc) from exc
+            raise damaged(task_id, f"step {idx}", exc) from exc
 
     def as_status(self) -> dict[str, Any]:
         """The step as ``status`` prints it (the contract's four keys)."""
@@ -180,8 +185,13 @@ class Task(NamedTuple):
         task_id, goal, status, created_at, updated_at, lease_epoch, artifacts, *rest = row
         try:
             task_status = TaskStatus(status)
-        except ValueError as exc:
-            raise _damaged(task_id, "task", exc) from exc
+            checked(goal, "text", "goal")
+            checked(created_at, "time", "created_at")
+            checked(updated_at, "time", "updated_at")
+            checked(artifacts, "text?", "artifacts")
+            checked(lease_epoch, "integer?", "lease_epoch")
+        except (ValueError, TypeError) as exc:
+            raise damaged(task_id, "task", exc) from exc
         return cls(
             id=task_id,
             goal=goal,
@@ -225,8 +235,12 @@ class Event(NamedTuple):
         seq, ts, task_id, run_id, kind, step_idx, data = row
         try:
             loaded = load_json_object(data)
+            checked(ts, "time", "ts")
+            checked(run_id, "text", "run_id")
+            checked(kind, "text", "kind")
+            checked(step_idx, "integer?", "step_idx")
         except (ValueError, TypeError) as exc:
-            raise _damaged(task_id, f"journal event seq {seq}", exc) from exc
+            raise damaged(task_id, f"journal event seq {seq}", exc) from exc
         return cls(
             seq=seq,
             ts=ts,
@@ -268,13 +282,50 @@ class Run(NamedTuple):
     started: tuple[int, int] | None = None
 
 
-def _damaged(task_id: str, where: str, exc: Exception) -> DamagedTask:
+def _readable(value: Any, kind: str) -> bool:
+    try:
+        checked(value, kind, "")
+    except TypeError:
+        return False
+    return True
+
+
+def damaged(task_id: str, where: str, exc: Exception) -> DamagedTask:
+    """The :class:`DamagedTask` of ``task_id`` whose row ``where`` (``task``,
+    ``step 2``, ``journal event seq 9``) cannot be read, for the reason ``exc``."""
     what = str(exc).split("\n")[0][:200]
     return DamagedTask(
         f"task {task_id!r} is damaged: {where}: {what}; it cannot be run or shown "
         "until its rows are repaired (other tasks are not affected)",
         task_id=task_id,
     )
+
+
+#: The largest stored time (epoch seconds, about the year 5138) a row may hold:
+#: every reader can turn it into a date or OTLP nanoseconds without overflow.
+MAX_TIMESTAMP = 1e11
+
+
+def checked(value: Any, kind: str, column: str) -> Any:
+    """``value`` of a stored ``column`` if it is of ``kind`` (``text``, ``integer``,
+    ``time``; ``?`` after it: or NULL), else ``TypeError`` naming the column.
+
+    SQLite keeps any value in any column (a BLOB in ``goal``, text or 1e308
+    in a time, as edited by hand): checked once here, as rows are read, so no
+    command meets one as a traceback deep in its code."""
+    if value is None and kind.endswith("?"):
+        return value
+    kind = kind.rstrip("?")
+    if kind == "text":
+        ok = type(value) is str
+    elif kind == "integer":
+        ok = type(value) is int
+    else:  # a time: a finite number a date can be made of (NaN fails both tests)
+        ok = type(value) in (int, float) and -MAX_TIMESTAMP <= value <= MAX_TIMESTAMP
+    if not ok:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise TypeError(f"column {column!r} holds {shown}, not a {kind}")
+    return value
 
 
 #: How deep a plan, a step's output or progress may nest (arrays and objects),
@@ -352,6 +403,18 @@ class TaskSummary(NamedTuple):
     def from_row(cls, row: Sequence[Any]) -> TaskSummary:
         """From an ``ls_rows`` row, in the order of the fields."""
         (task_id, status, queue, goal, created, updated, done, total, attempts, kind, ts) = row
+        values = (status, queue, goal, created, updated, kind, ts)
+        kinds = ("text", "text?", "text", "time", "time", "text?", "time?")
+        readable = [_readable(v, k) for v, k in zip(values, kinds, strict=True)]
+        if not all(readable):
+            # A row that cannot be read is listed as damaged with what can be
+            # read of it, the other tasks as they are (status, run and verify
+            # say what is wrong with it).
+            status = DAMAGED
+            queue, goal = (queue if readable[1] else None), (goal if readable[2] else "")
+            created = created if readable[3] else 0.0
+            updated = updated if readable[4] else created
+            kind, ts = (kind, ts) if readable[5] and readable[6] else (None, None)
         return cls(
             id=task_id, status=status, queue=queue, goal=goal, created_at=created,
             updated_at=updated, steps_done=int(done), steps_total=int(total),

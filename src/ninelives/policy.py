@@ -33,7 +33,7 @@ from types import FrameType
 from typing import Any, NamedTuple
 
 from .errors import OutputRefused, PermanentError
-from .journal import clean_error, storable
+from .journal import clean_error, error_text, storable
 
 #: The longest wait between two attempts of a step by default, in seconds.
 DEFAULT_CAP = 30.0
@@ -113,7 +113,7 @@ def describe(exc: BaseException) -> tuple[str, bool, dict[str, Any] | None]:
     if isinstance(exc, (OutputRefused, StepTimeout)):
         error = clean_error(str(exc))
     else:
-        error = clean_error(f"{type(exc).__name__}: {exc}")
+        error = clean_error(error_text(exc))
     detail = {"timeout": exc.seconds} if isinstance(exc, StepTimeout) else None
     return error, isinstance(exc, PermanentError), detail
 

@@ -41,13 +41,14 @@ from .errors import (
     WorkflowDiverged,
     WorkflowError,
 )
-from .journal import dumps, encode_output
+from .journal import dumps, encode_output, error_text
 from .models import AGENT_TOOL, APPROVAL_TOOL, Run, Step, StepStatus, Task
 from .policy import Limits, StepTimeout, limits_for
 from .replay_chat import ChatCalls
 
 if TYPE_CHECKING:
     from .runtime.steps import StepRunner
+    from .settings import Settings
     from .tools import ToolContext
 
 #: Names a workflow's own step calls cannot take: the runtime gives them meaning.
@@ -94,10 +95,12 @@ class WorkflowContext(ChatCalls):
         self._unsafe_late = _unsafe("NINELIVES_TEST_SKIP_RUNNING_COMMIT", url)
         #: The error that ends this run whatever the workflow does with it.
         self.dead: BaseException | None = None
+        #: The step whose attempts run now (async code could start another meanwhile).
+        self.running: Step | None = None
 
     # -- the user's calls -------------------------------------------------
 
-    def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` as the task's next durable step ``name``
         and return its value (from the journal when it is done already)."""
         with self.guard():
@@ -176,6 +179,12 @@ class WorkflowContext(ChatCalls):
             raise PlanError("ctx.step was called from another thread: call steps from the workflow")
         if CURRENT.get() is not None:
             raise PlanError("ctx.step was called inside a step: steps do not nest")
+        if self.running is not None:
+            raise PlanError(
+                f"a step was called while step {self.running.idx} ({self.running.tool!r}) "
+                "runs: steps run one after another (asyncio.gather and tasks run them "
+                "together: await each in turn)"
+            )
 
     def enter_step(
         self,
@@ -295,7 +304,7 @@ class WorkflowContext(ChatCalls):
                 if found is not None:
                     output = encode_output({"value": found}, rt.settings.max_output)
             except Exception as exc:  # the probe could not tell
-                block = f"the probe raised {type(exc).__name__}: {exc}"
+                block = f"the probe raised {error_text(exc)}"
         from .runtime.waits import settle_probed
 
         settle_probed(rt, run, step, output, block)
@@ -321,25 +330,27 @@ class WorkflowContext(ChatCalls):
         assert self._rt is not None
         assert self._run is not None
         rt, run = self._rt, self._run
-        limits = limits_for(
-            {**(step.policy or {}), **policy}, rt.settings.max_attempts, rt.settings.backoff
-        )
-        while True:
-            began = time.monotonic()
-            context = self._before(step, attempt)
-            token = CURRENT.set(context)
-            try:
-                with rt.time_limit(run, step, attempt, limits):
-                    value = call()
-                encoded = encode_value(value, rt.settings.max_output)
-            except CommitUnknown:
-                raise
-            except (Exception, StepTimeout) as exc:
-                attempt = self._failed(step, attempt, exc, limits)
-                continue
-            finally:
-                CURRENT.reset(token)
-            return self._done(step, value, encoded, began)
+        limits = step_limits(step, policy, rt.settings)
+        self.running = step
+        try:
+            while True:
+                began = time.monotonic()
+                context = self._before(step, attempt)
+                token = CURRENT.set(context)
+                try:
+                    with rt.time_limit(run, step, attempt, limits):
+                        value = call()
+                    encoded = encode_value(value, rt.settings.max_output)
+                except CommitUnknown:
+                    raise
+                except (Exception, StepTimeout) as exc:
+                    attempt = self._failed(step, attempt, exc, limits)
+                    continue
+                finally:
+                    CURRENT.reset(token)
+                return self._done(step, value, encoded, began)
+        finally:
+            self.running = None
 
     def _before(self, step: Step, attempt: int) -> ToolContext:
         assert self._rt is not None
@@ -427,6 +438,15 @@ def encode_value(value: Any, max_output: int) -> str:
     return escape(encoded) if needs_escape({"value": value}) else encoded
 
 
+def step_limits(step: Step, declared: Mapping[str, Any], settings: Settings) -> Limits:
+    """The limits of a step's attempts: the policy stored when the step was first
+    started, as ``verify`` reads it (a later change of the code's
+    ``@ninelives.step(...)`` applies to steps started after it); ``declared``
+    only for a step stored without one."""
+    policy = step.policy if step.policy is not None else {"on_unknown": "rerun", **declared}
+    return limits_for(policy, settings.max_attempts, settings.backoff)
+
+
 def policy_of(fn: Any) -> dict[str, Any]:
     """The step policy ``fn`` declares with :func:`ninelives.step` (``{}`` if none)."""
     return dict(fn.policy) if isinstance(fn, StepFunction) else {}
@@ -479,7 +499,7 @@ def call(flow: Workflow, ctx: WorkflowContext, spec: WorkflowSpec) -> Any:
             raise  # the runtime's own (cancelled, parked, lease lost): as for a plan
         raise WorkflowError(
             f"task {ctx.task_id!r}: workflow {flow.name!r} raised outside a step, after "
-            f"{ctx._next} step call(s): {type(exc).__name__}: {exc}; nothing was written for "
+            f"{ctx._next} step call(s): {error_text(exc)}; nothing was written for "
             "it: fix the code and run again"
         ) from None
     finally:

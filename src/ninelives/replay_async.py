@@ -18,8 +18,8 @@ from typing import Any
 from .durable import CURRENT
 from .errors import CommitUnknown
 from .models import Step
-from .policy import StepTimeout, limits_for
-from .replay import WorkflowContext, caller, encode_value, policy_of, value_of
+from .policy import StepTimeout
+from .replay import WorkflowContext, caller, encode_value, policy_of, step_limits, value_of
 from .replay_chat import AsyncChatCalls
 
 
@@ -27,7 +27,7 @@ class AsyncWorkflowContext(AsyncChatCalls, WorkflowContext):
     """``ctx`` of an async workflow: :meth:`step` is awaited; ``now``, ``uuid``
     and ``random`` are awaited too."""
 
-    async def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    async def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` (awaited when it is a coroutine function) as
         the task's next durable step ``name``; its value."""
         with self.guard():
@@ -70,27 +70,29 @@ class AsyncWorkflowContext(AsyncChatCalls, WorkflowContext):
         assert self._rt is not None
         assert self._run is not None
         rt, run = self._rt, self._run
-        limits = limits_for(
-            {**(step.policy or {}), **policy}, rt.settings.max_attempts, rt.settings.backoff
-        )
-        while True:
-            began = time.monotonic()
-            context = self._before(step, attempt)
-            token = CURRENT.set(context)
-            try:
-                with rt.time_limit(run, step, attempt, limits):
-                    value = call()
-                if inspect.isawaitable(value):
-                    value = await _limited(value, limits.timeout)
-                encoded = encode_value(value, rt.settings.max_output)
-            except CommitUnknown:
-                raise
-            except (Exception, StepTimeout) as exc:
-                attempt = self._failed(step, attempt, exc, limits)
-                continue
-            finally:
-                CURRENT.reset(token)
-            return self._done(step, value, encoded, began)
+        limits = step_limits(step, policy, rt.settings)
+        self.running = step
+        try:
+            while True:
+                began = time.monotonic()
+                context = self._before(step, attempt)
+                token = CURRENT.set(context)
+                try:
+                    with rt.time_limit(run, step, attempt, limits):
+                        value = call()
+                    if inspect.isawaitable(value):
+                        value = await _limited(value, limits.timeout)
+                    encoded = encode_value(value, rt.settings.max_output)
+                except CommitUnknown:
+                    raise
+                except (Exception, StepTimeout) as exc:
+                    attempt = self._failed(step, attempt, exc, limits)
+                    continue
+                finally:
+                    CURRENT.reset(token)
+                return self._done(step, value, encoded, began)
+        finally:
+            self.running = None
 
 
 async def _limited(awaitable: Any, timeout: float | None) -> Any:

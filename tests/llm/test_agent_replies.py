@@ -89,6 +89,30 @@ def test_a_number_json_lacks_is_that_calls_error(lab: Lab, number: str, engine: 
     readers_read(lab)
 
 
+@pytest.mark.parametrize(
+    ("arguments", "engine", "why"),
+    [
+        ('{"title": broken', "openai", "not valid JSON"),
+        ('["a", "b"]', "openai", "not a JSON object"),
+        ('"text"', "openai", "not a JSON object"),
+        ('["a", "b"]', "ollama", "not a JSON object"),
+    ],
+)
+def test_arguments_that_are_not_a_json_object_are_that_calls_error(
+    lab: Lab, arguments: str, engine: str, why: str
+) -> None:
+    """The tool never runs on arguments the model did not give as an object: the
+    model is told so, as for arguments that fail the tool's schema."""
+    setup(lab)
+    ran, results = run_one_call(lab, arguments, engine)
+    assert ran.returncode == 0, ran.stderr
+    assert results[0]["content"].startswith("error: arguments of 'echo' refused"), results
+    assert why in results[0]["content"]
+    steps = lab.snapshot("t").status["steps"]
+    assert [s["tool"] for s in steps] == ["fetch", "agent", "agent"]
+    readers_read(lab)
+
+
 @pytest.mark.parametrize("levels", [29, 40, 982])
 def test_arguments_nested_too_deeply_are_that_calls_error(lab: Lab, levels: int) -> None:
     """``{"x": [[...]]}`` nests ``levels`` + 1 levels: past 29 the call is refused

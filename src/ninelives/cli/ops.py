@@ -28,7 +28,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if target == "-":
         out(page)
         return 0
-    if write_file(target, page):
+    if write_file(target, page, database=args.db):
         out(f"wrote {target} ({len(page.encode('utf-8'))} bytes): open it in a browser")
     return 0
 

@@ -260,9 +260,13 @@ def _occupy(fd: int) -> None:
 # -- files a command writes (report -o FILE) ----------------------------------
 
 
-def write_file(path: str, text: str) -> bool:
+def write_file(path: str, text: str, *, database: str | None = None) -> bool:
     """Write ``text`` to ``path``; a failure is :class:`~ninelives.errors.OutputFailed`
     (exit 10). Returns False when ``path`` is this process's stdout, which got it.
+
+    ``database`` (the command's ``--db``): a ``path`` that is that database or
+    one of its files is refused (:class:`~ninelives.errors.InputError`, exit 4)
+    before anything is written, see :func:`refuse_database`.
 
     A regular file there (or nothing) is replaced whole or not at all: a
     temporary file renamed over it. Anything else is written through as a
@@ -272,6 +276,8 @@ def write_file(path: str, text: str) -> bool:
     """
     import stat
 
+    if database is not None:
+        refuse_database(path, database)
     try:
         st: os.stat_result | None = os.lstat(path)
     except FileNotFoundError:
@@ -282,6 +288,45 @@ def write_file(path: str, text: str) -> bool:
         return _write_through(path, text.encode("utf-8"))
     _replace_file(path, text)
     return True
+
+
+#: The files SQLite keeps beside a database: replacing one loses or corrupts commits.
+_DATABASE_SUFFIXES = ("", "-wal", "-shm", "-journal")
+
+
+def refuse_database(path: str, database: str) -> None:
+    """Raise :class:`~ninelives.errors.InputError` if writing ``path`` would
+    overwrite the SQLite ``database`` or a file of it: its ``-wal``, ``-shm`` or
+    ``-journal``, or anything in its blob or lock folder. Any spelling counts:
+    a symlink, ``..``, another hard link (the same file). A PostgreSQL
+    ``database`` has no files here to protect."""
+    from ..blobs import folder_for
+    from ..errors import InputError
+    from ..locking import lock_folder
+    from ..store import is_postgres_url
+
+    if is_postgres_url(database) or path == "-":
+        return
+    db = database.removeprefix("sqlite://") if database.startswith("sqlite:///") else database
+    # realpath, as the store resolves the database: a symlinked --db has its
+    # WAL and folders beside the real file.
+    real_db, target = os.path.realpath(db), os.path.realpath(path)
+    files = {real_db + suffix for suffix in _DATABASE_SUFFIXES}
+    folders = (folder_for(real_db), lock_folder(real_db))
+    inside = any(os.path.commonpath([f, target]) == f for f in folders)
+    if target in files or inside or _same_existing_file(path, db):
+        raise InputError(
+            f"{path} is the database {database} or one of its files: nothing written "
+            "(choose another output file)"
+        )
+
+
+def _same_existing_file(path: str, other: str) -> bool:
+    """Whether both exist and are one file (a hard link, a bind mount)."""
+    try:
+        return os.path.samefile(path, other)
+    except (OSError, ValueError):
+        return False
 
 
 def _cannot_write(path: str, exc: OSError | str) -> Exception:

@@ -375,6 +375,9 @@ def serve(
             f"--host {host} would serve the database to other machines: pass --allow-remote "
             "as well if that is what you want (there is no authentication)"
         )
+    if not 0 <= port <= 65535:
+        # socket.bind raises OverflowError, not OSError, for these.
+        raise InputError(f"--port must be 0-65535, got {port}")
     family_host = "::1" if host == "::1" else host
     allowed = names or ([host] if host not in LOOPBACK else list(LOOPBACK))
     try:

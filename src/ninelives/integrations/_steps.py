@@ -49,15 +49,18 @@ async def durable(
 
     ctx = ACTIVE.get()
     target: Any = step(name, **dict(policy))(fn) if policy else fn
-    found, attempt = ctx.enter_step(name, target, args, {})
-    if attempt is None:
-        return value_of(found.output)
-    rules = dict(target.policy) if policy else {}
-    # The async attempt loop, on whichever context runs: it only awaits `fn`
-    # between the commits the sync context makes.
-    return await AsyncWorkflowContext.attempts_async(
-        ctx, found, attempt, caller(target, args, {}), rules
-    )
+    # The guard keeps what ends the run (a cancel, a lost lease) on the context:
+    # a framework that wraps the error in its own still ends the run with it.
+    with ctx.guard():
+        found, attempt = ctx.enter_step(name, target, args, {})
+        if attempt is None:
+            return value_of(found.output)
+        rules = dict(target.policy) if policy else {}
+        # The async attempt loop, on whichever context runs: it only awaits `fn`
+        # between the commits the sync context makes.
+        return await AsyncWorkflowContext.attempts_async(
+            ctx, found, attempt, caller(target, args, {}), rules
+        )
 
 
 _LOCKS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()

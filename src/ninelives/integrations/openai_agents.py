@@ -71,7 +71,7 @@ from . import require
 SUPPORTED = ("0.24", "0.25")
 require("openai-agents", *SUPPORTED, extra="openai-agents")
 
-from agents import Agent, FunctionTool, Model, ModelResponse  # noqa: E402
+from agents import Agent, FunctionTool, Handoff, Model, ModelResponse  # noqa: E402
 from agents.tool import DEFAULT_APPROVAL_REJECTION_MESSAGE  # noqa: E402
 from pydantic import TypeAdapter, ValidationError  # noqa: E402
 from pydantic_core import to_jsonable_python  # noqa: E402
@@ -229,10 +229,25 @@ def durable(
         durable_tool(t, policies.get(t.name)) if isinstance(t, FunctionTool) else t
         for t in agent.tools
     ]
-    wrapped.handoffs = [
-        durable(h, tools=tools, _seen=seen) if isinstance(h, Agent) else h for h in agent.handoffs
-    ]
+    wrapped.handoffs = [_durable_handoff(h, tools, seen) for h in agent.handoffs]
     return wrapped
+
+
+def _durable_handoff(
+    target: Any, tools: Mapping[str, Mapping[str, Any]] | None, seen: dict[int, Agent[Any]]
+) -> Any:
+    """A handoff to a durable copy of its agent: an agent given as it is, or a
+    ``handoff(agent, ...)`` whose invocation hands over the durable copy."""
+    if isinstance(target, Agent):
+        return durable(target, tools=tools, _seen=seen)
+    if not isinstance(target, Handoff):
+        return target
+    invoke = target.on_invoke_handoff
+
+    async def on_invoke_handoff(context: Any, arguments: str) -> Any:
+        return durable(await invoke(context, arguments), tools=tools, _seen=seen)
+
+    return dataclasses.replace(target, on_invoke_handoff=on_invoke_handoff)
 
 
 def _step_name(name: str) -> str:

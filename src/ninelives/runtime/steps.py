@@ -283,7 +283,14 @@ class StepRunner:
                 f"{run.task_id}: step {step.idx} {step.tool} overran its {timeout:g}s timeout "
                 "in a thread, which nothing can interrupt: this process exits"
             )
-            other = open_store(self.store.url)  # the slot's own store is busy in the tool
+            # The slot's own store is busy in the tool. The fenced commit renews
+            # the lease, so it must keep the running store's length (a worker's
+            # --lease), not the default: PostgreSQL stores carry both; SQLite has none.
+            other = open_store(
+                self.store.url,
+                lease=getattr(self.store, "lease", None),
+                heartbeat=getattr(self.store, "heartbeat", None),
+            )
             try:
                 self.record_error(run, step, attempt, StepTimeout(timeout), limits, store=other)
             except TaskFailed:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from .. import crashpoints
 from ..errors import CommitUnknown, OutputRefused, TaskBlocked, TaskParked, TaskWaiting
-from ..journal import clean_error, encode_output
+from ..journal import clean_error, encode_output, error_text
 from ..models import Run, Step, StepStatus, Task, TaskStatus
 from ..store import REFUSE_REASON
 
@@ -151,7 +151,7 @@ def _probe(rt: Waiter, run: Run, task: Task, step: Step) -> tuple[str | None, st
     except CommitUnknown:
         raise
     except Exception as exc:
-        return None, clean_error(f"the probe could not tell: {type(exc).__name__}: {exc}")
+        return None, clean_error(f"the probe could not tell: {error_text(exc)}")
     if answer is None:
         return None, None
     try:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .. import crashpoints, lineage
 from ..errors import LeaseLost, StoreError, TaskExists
 from ..journal import dumps
-from ..models import EventKind, Run, Step, StepStatus, Task, TaskStatus
+from ..models import EventKind, Run, Step, StepStatus, Task, TaskStatus, damaged
 from ..policy import error_data, failure_reason
 from .rules import (
     PARK_EVENT,
@@ -198,21 +198,14 @@ def fork(
     taken = tx.row("task_id_taken", {"id": new_id})
     if taken is not None:
         raise task_exists(new_id, taken)
-    digest = lineage.plan_digest(source.goal, ((s.tool, s.input, s.policy) for s in steps))
+    digest, inserts = _fork_rows(source_id, new_id, source.goal, steps)
     tx.run(
         "insert_task",
         {"id": new_id, "goal": source.goal, "queue": queue,
          "artifacts": tx.stored_folder(source.artifacts or artifacts), "plan_sha256": digest},
     )  # fmt: skip
-    for step in steps:
-        params = {
-            "id": new_id, "idx": step.idx, "tool": step.tool, "input": dumps(step.input),
-            "policy": dumps(step.policy) if step.policy else None,
-        }  # fmt: skip
-        if step.output is not None:
-            tx.run("insert_copied_step", {**params, "output": dumps(step.output)})
-        else:
-            tx.run("insert_step", params)
+    for query, params in inserts:
+        tx.run(query, params)
     tx.event(new_id, run_id, EventKind.TASK_CREATED, None, {"steps": len(steps)})
     tx.event(
         new_id,
@@ -222,6 +215,32 @@ def fork(
         {"source": source_id, "from": start},
     )
     return tx.load(new_id)
+
+
+def _fork_rows(
+    source_id: str, new_id: str, goal: str, steps: Sequence[Step]
+) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
+    """The plan digest and the step inserts of a fork, all encoded before
+    anything is written. A value stored JSON cannot hold (NaN or an infinity,
+    as an older version could store in an output) makes the source task
+    damaged: copied, it would be a row no strict reader accepts."""
+    where = "task"
+    try:
+        digest = lineage.plan_digest(goal, ((s.tool, s.input, s.policy) for s in steps))
+        inserts: list[tuple[str, dict[str, Any]]] = []
+        for step in steps:
+            where = f"step {step.idx}"
+            params = {
+                "id": new_id, "idx": step.idx, "tool": step.tool, "input": dumps(step.input),
+                "policy": dumps(step.policy) if step.policy else None,
+            }  # fmt: skip
+            if step.output is not None:
+                inserts.append(("insert_copied_step", {**params, "output": dumps(step.output)}))
+            else:
+                inserts.append(("insert_step", params))
+    except ValueError as exc:  # json: "Out of range float values are not JSON compliant"
+        raise damaged(source_id, where, exc) from None
+    return digest, inserts
 
 
 def settle_finish(tx: Transaction, run: Run, idx: int, tool: str, output: str) -> None:

@@ -295,8 +295,10 @@ def load_tool_modules(registry: Registry, modules: Iterable[str]) -> Registry:
         try:
             module = importlib.import_module(module_name)
         except Exception as exc:
+            from ..journal import error_text
+
             raise InputError(
-                f"cannot load tools from module {module_name!r}: {type(exc).__name__}: {exc}"
+                f"cannot load tools from module {module_name!r}: {error_text(exc)}"
             ) from exc
         for declared_in, tools in list(_DECLARED.items()):
             if declared_in == module_name or declared_in.startswith(module_name + "."):

@@ -124,12 +124,20 @@ def torture(
     return report
 
 
+#: The most kills and parallel tasks a torture run takes: a lane (and its
+#: schedule) is made for each worker up front, so a huge number would only
+#: exhaust memory, and no run could deliver millions of kills.
+MAX_KILLS = 1_000_000
+MAX_WORKERS = 256
+
+
 def _check_numbers(kills: int, workers: int, pause: float) -> None:
-    """Refuse a negative kill count, no worker, or a pause outside 0-60 s (InputError)."""
-    if kills < 0:
-        raise InputError(f"--kills must be at least 0, got {kills}")
-    if workers < 1:
-        raise InputError(f"--workers must be at least 1, got {workers}")
+    """Refuse kills outside 0-:data:`MAX_KILLS`, workers outside 1-:data:`MAX_WORKERS`,
+    or a pause outside 0-60 s (InputError)."""
+    if not 0 <= kills <= MAX_KILLS:
+        raise InputError(f"--kills must be 0-{MAX_KILLS}, got {kills}")
+    if not 1 <= workers <= MAX_WORKERS:
+        raise InputError(f"--workers must be 1-{MAX_WORKERS}, got {workers}")
     if not 0 <= pause <= 60:
         raise InputError(f"--pause must be 0-60 seconds, got {pause}")
 

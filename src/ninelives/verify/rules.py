@@ -112,7 +112,9 @@ def parking_violations(task: Task, events: Sequence[Event]) -> list[Violation]:
 def past_limits(
     task: Task, events: Sequence[Event], max_attempts: int, max_recoveries: int
 ) -> list[Violation]:
-    """Steps that were run again past a limit instead of failing the task."""
+    """Steps that were run again past a limit instead of failing the task. As the
+    runtime counts them: a step's ``step_error`` events since its last
+    ``task_retried`` (retry resets its attempts), all its ``step_recovered``."""
     found = Findings(task.id)
     checks = (
         (EventKind.STEP_ERROR.value, max_attempts, "attempt_limit", "AGENT_MAX_ATTEMPTS"),
@@ -124,8 +126,12 @@ def past_limits(
     for kind, allowed, check, variable in checks:
         seqs: dict[int, list[int]] = {}
         for event in events:
-            if event.kind == kind and event.step_idx is not None:
+            if event.step_idx is None:
+                continue
+            if event.kind == kind:
                 seqs.setdefault(event.step_idx, []).append(event.seq)
+            elif event.kind == EventKind.TASK_RETRIED.value and kind == EventKind.STEP_ERROR.value:
+                seqs.pop(event.step_idx, None)
         for idx, seen in sorted(seqs.items()):
             limit, name = allowed, variable
             if kind == EventKind.STEP_ERROR.value and "max_attempts" in policies.get(idx, {}):

@@ -10,9 +10,11 @@ Same tables and journal semantics as SQLite; what differs is the claim:
   runner provably gone: its sessions' shared advisory locks are free although
   it claimed the task since the server last started (``holder_lock`` and
   ``holder_gone`` in ``sql/postgres.sql``; a restart frees the locks of live
-  holders too). Holders take their locks again on every new connection, the
-  heartbeat's included. Otherwise :class:`~ninelives.errors.TaskBusy`; workers
-  take the oldest free or expired one with ``FOR UPDATE SKIP LOCKED``.
+  holders too), *and* its process is gone from this very machine (its
+  ``lease_owner`` names its pid and this host's identity; sessions also end
+  under a live process). Holders take their locks again on every new
+  connection, the heartbeat's included. Otherwise :class:`~ninelives.errors.TaskBusy`;
+  workers take the oldest free or expired one with ``FOR UPDATE SKIP LOCKED``.
 * Every commit a runner makes starts with the fence (``UPDATE tasks ... WHERE
   lease_epoch = :epoch``), which also renews the lease; a heartbeat thread on
   a connection of its own renews it between commits. A runner paused past its
@@ -33,6 +35,7 @@ since a session advisory lock marks a live lease holder.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import sys
@@ -81,6 +84,40 @@ from .housekeeping import PostgresHousekeeping
 from .runner import StepCommits
 
 
+def host_identity() -> str | None:
+    """What makes one of this process's pids mean the same process to another:
+    the same boot of the same machine (Linux ``boot_id``) and the same PID
+    namespace (the inode of ``/proc/self/ns/pid``), hashed short. None where
+    either cannot be read: then no holder is ever provably dead here."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+    if not boot:
+        return None
+    return hashlib.sha256(f"{boot}:{namespace}".encode()).hexdigest()[:16]
+
+
+def holder_dead_here(owner: str | None, here: str | None) -> bool:
+    """True only if ``owner`` (a ``lease_owner``) names a process of this
+    machine and PID namespace (``here``) that no longer exists. An owner
+    without an identity (an older version, a host without one) is never dead:
+    a pid of another machine says nothing here. A pid reused since is taken
+    for the holder alive, the safe side."""
+    parts = (owner or "").split("/")
+    if here is None or len(parts) != 4 or parts[3] != here or not parts[1].isdigit():
+        return False
+    try:
+        os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # it exists (EPERM: another user's), or cannot be told
+    return False
+
+
 def redact(url: str) -> str:
     """``url`` with its password, in whatever form it is given, replaced by ``***``."""
     return redact_url(url)
@@ -127,6 +164,7 @@ class PostgresStore(StepCommits, PostgresHousekeeping, commits.SharedCommits):
                 file=sys.stderr,
             )
         self._owner = f"{socket.gethostname()}/{os.getpid()}"
+        self._here = host_identity()
         self._mutex = threading.Lock()
         self._leases: dict[str, Lease] = {}
         self._heartbeat: Heartbeat | None = None
@@ -239,16 +277,16 @@ class PostgresStore(StepCommits, PostgresHousekeeping, commits.SharedCommits):
                 row = conn.execute(Q["lease_state"], {"id": task_id}).fetchone()
                 if row is None:
                     raise UnknownTask(f"unknown task {task_id!r}")
-                held, live = row
+                held, live, holder = row
                 found = self.load(conn, task_id)  # raising here writes nothing
                 if found.status is TaskStatus.CANCELLED:
                     raise lineage.cancelled(task_id)
                 lineage.check_plan(found)
                 if live:
-                    self._take_over_early(conn, task_id, held)
+                    self._take_over_early(conn, task_id, held, holder)
                 if check is not None:
                     check(found)
-                owner = f"{self._owner}/{run_id}"
+                owner = self._owner_of(run_id)
                 params = {"id": task_id, "owner": owner, "lease": self.lease}
                 epoch = int(scalar(conn, Q["claim"], params))
                 claimed = epoch
@@ -269,12 +307,21 @@ class PostgresStore(StepCommits, PostgresHousekeeping, commits.SharedCommits):
         self._hold(run, sent)
         return run, task
 
-    def _take_over_early(self, conn: Conn, task_id: str, held: int) -> None:
+    def _owner_of(self, run_id: str) -> str:
+        """``lease_owner`` of a claim: ``host/pid/run``, then the host identity
+        (:func:`host_identity`) when there is one, which :func:`holder_dead_here` reads."""
+        owner = f"{self._owner}/{run_id}"
+        return owner if self._here is None else f"{owner}/{self._here}"
+
+    def _take_over_early(self, conn: Conn, task_id: str, held: int, owner: str | None) -> None:
         """Return only if the holder of a live lease is provably gone, else TaskBusy.
 
         The lease is the truth; its holder's session advisory lock only lets
         ``run`` take over before expiry when that lock is free *and* was taken
-        in the server's current life (a restart frees the locks of live holders).
+        in the server's current life (a restart frees the locks of live holders)
+        *and* the holder's process is provably gone from this machine: sessions
+        also end under a live process (``pg_terminate_backend``,
+        ``idle_session_timeout``, a pooler), so a free lock alone proves nothing.
         """
         holder = {"id": task_id, "epoch": held}
         if not scalar(conn, Q["holder_probe"], holder):
@@ -288,6 +335,22 @@ class PostgresStore(StepCommits, PostgresHousekeeping, commits.SharedCommits):
                 "restarted, so its holder may still be running: the lease is honoured until "
                 "it expires or is released"
             )
+        if not holder_dead_here(owner, self._here):
+            raise TaskBusy(
+                f"task {task_id!r} is held by a lease whose holder ({owner}) may still be "
+                "running: its database sessions ended, but its process is not provably gone "
+                "from this machine; the lease is honoured until it expires or is released"
+            )
+
+    def holder_gone(self, task_id: str, epoch: int) -> bool:
+        """As ``run`` decides (:meth:`_take_over_early`), so that housekeeping never
+        calls a holder gone that ``run`` would wait for: its sessions' lock free since
+        the server started, and its process gone from this machine."""
+        if not super().holder_gone(task_id, epoch):
+            return False
+        with self._read() as conn:
+            row = conn.execute(Q["holder_owner"], {"id": task_id, "epoch": epoch}).fetchone()
+        return row is not None and holder_dead_here(row[0], self._here)
 
     def claim_next(
         self,
@@ -305,7 +368,7 @@ class PostgresStore(StepCommits, PostgresHousekeeping, commits.SharedCommits):
             with self._write() as conn:
                 row = conn.execute(
                     Q["claim_next"],
-                    {"queue": queue, "skip": list(skip), "owner": f"{self._owner}/{run_id}",
+                    {"queue": queue, "skip": list(skip), "owner": self._owner_of(run_id),
                      "lease": self.lease},
                 ).fetchone()  # fmt: skip
                 if row is None:
@@ -498,9 +561,9 @@ class PostgresStore(StepCommits, PostgresHousekeeping, commits.SharedCommits):
             row = tx.conn.execute(Q["lease_state"], {"id": task_id}).fetchone()
             if row is None:
                 raise UnknownTask(f"unknown task {task_id!r}")
-            held, live = row
+            held, live, holder = row
             if live:  # as in begin_run: free only if its holder is provably gone
-                self._take_over_early(tx.conn, task_id, held)
+                self._take_over_early(tx.conn, task_id, held, holder)
             yield tx
 
     def events(self, task_id: str) -> list[Event]:

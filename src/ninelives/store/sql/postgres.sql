@@ -46,7 +46,8 @@ VALUES (ninelives_now(), %(id)s, %(run)s, %(kind)s, %(step)s, %(data)s);
 
 -- name: lease_state
 -- The row lock serialises claims of one task; "live" is an unexpired lease.
-SELECT lease_epoch, lease_owner IS NOT NULL AND lease_expires_at >= ninelives_now()
+SELECT lease_epoch, lease_owner IS NOT NULL AND lease_expires_at >= ninelives_now(),
+       lease_owner
 FROM tasks WHERE id = %(id)s
 FOR UPDATE;
 
@@ -75,6 +76,10 @@ SELECT coalesce(max(ts), 0) > greatest(
     coalesce((SELECT extract(epoch FROM min(backend_start)) FROM pg_stat_activity
               WHERE backend_type = 'checkpointer'), 0))
 FROM events WHERE task_id = %(id)s AND kind = 'run_started';
+
+-- name: holder_owner
+-- The lease_owner of the claim under epoch, which names its process (holder_dead_here).
+SELECT lease_owner FROM tasks WHERE id = %(id)s AND lease_epoch = %(epoch)s;
 
 -- name: holder_unlock
 SELECT pg_advisory_unlock_shared(hashtextextended(concat(%(id)s::text, ':', %(epoch)s::bigint), 0));

@@ -52,6 +52,7 @@ from .files import (
     unwritable,
 )
 from .housekeeping import SQLiteHousekeepingWrites
+from .text import utf8_rows
 
 if TYPE_CHECKING:
     from .group import GroupCommitter
@@ -383,7 +384,8 @@ class SQLiteBase(SQLiteHousekeepingWrites):
     def load(self, conn: sqlite3.Connection, task_id: str, *, resolve: bool = True) -> Task:
         """The task and its steps; outputs stored as blobs read back (checked)
         unless ``resolve`` is False (rows as stored: escapes and references kept)."""
-        rows = conn.execute(Q["get_task_steps"], {"id": task_id}).fetchall()
+        with utf8_rows(task_id):
+            rows = conn.execute(Q["get_task_steps"], {"id": task_id}).fetchall()
         if not rows:
             raise UnknownTask(f"unknown task {task_id!r}")
         steps = tuple(Step.from_row(task_id, r[8:]) for r in rows if r[8] is not None)

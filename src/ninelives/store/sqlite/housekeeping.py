@@ -31,6 +31,7 @@ from .. import sql
 from ..housekeeping import LocalFiles
 from ..rules import newest_first
 from .files import resolved_folder
+from .text import lenient_rows, undecodable
 
 Q = sql.load_queries("sqlite")
 T = TypeVar("T")
@@ -152,7 +153,14 @@ def _page(
 def _summaries(conn: sqlite3.Connection, ids: list[str], limit: int) -> list[TaskSummary]:
     if not ids:
         return []
-    rows = conn.execute(Q["ls_rows"], {"ids": dumps(ids)}).fetchall()
+    params = {"ids": dumps(ids)}
+    try:
+        rows = conn.execute(Q["ls_rows"], params).fetchall()
+    except sqlite3.OperationalError as exc:
+        if not undecodable(exc):
+            raise
+        # A task's text is not UTF-8: listed as damaged, the others as they are.
+        rows = lenient_rows(conn, Q["ls_rows"], params)
     return newest_first([TaskSummary.from_row(r) for r in rows], limit)
 
 

@@ -32,7 +32,7 @@ import fcntl
 import os
 import sqlite3
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ...errors import StoreError, UnknownTask
 from ...models import Event, Step, Task
@@ -48,6 +48,7 @@ from .files import (
     resolved_folder,
 )
 from .housekeeping import SQLiteHousekeeping
+from .text import utf8_rows
 
 Q = sql.load_queries("sqlite")
 T = TypeVar("T")
@@ -259,10 +260,11 @@ class SQLiteReader(ReadOnly, SQLiteHousekeeping):
             raise UnknownTask(f"unknown task {task_id!r}")
 
         def load(conn: sqlite3.Connection) -> Task | None:
-            row = conn.execute(self._get_task, {"id": task_id}).fetchone()
-            if row is None:
-                return None
-            steps = conn.execute(self._get_steps, {"id": task_id})
+            with utf8_rows(task_id):
+                row = conn.execute(self._get_task, {"id": task_id}).fetchone()
+                if row is None:
+                    return None
+                steps = conn.execute(self._get_steps, {"id": task_id}).fetchall()
             task = Task.from_row(row, tuple(Step.from_row(task_id, r) for r in steps))
             return task._replace(artifacts=resolved_folder(self.path, task.artifacts))
 
@@ -283,8 +285,12 @@ class SQLiteReader(ReadOnly, SQLiteHousekeeping):
         """The task's journal in ``seq`` order (empty for an unknown task)."""
         if self._empty:
             return []
-        rows = self._reading(lambda conn: conn.execute(Q["events"], {"id": task_id}).fetchall())
-        return [Event.from_row(row) for row in rows]
+
+        def read(conn: sqlite3.Connection) -> list[Any]:
+            with utf8_rows(task_id, "journal"):
+                return conn.execute(Q["events"], {"id": task_id}).fetchall()
+
+        return [Event.from_row(row) for row in self._reading(read)]
 
     def blob_rows(self) -> list[tuple[str, int, str]]:
         """``(task_id, idx, output)`` of every output that is, or holds, a blob reference."""

@@ -49,6 +49,7 @@ from .files import (
     quick_check_findings,
     stored_folder,
 )
+from .text import utf8_rows
 
 if TYPE_CHECKING:
     from ...plan import Plan
@@ -564,7 +565,7 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
             lock.release()
 
     def events(self, task_id: str) -> list[Event]:
-        with self._read() as conn:
+        with self._read() as conn, utf8_rows(task_id, "journal"):
             rows = conn.execute(Q["events"], {"id": task_id}).fetchall()
         return [Event.from_row(row) for row in rows]
 

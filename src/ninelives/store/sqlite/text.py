@@ -1,0 +1,67 @@
+"""Stored text that is not UTF-8: one damaged task, not an unusable database.
+
+SQLite stores whatever bytes it is given in a TEXT column (``CAST(X'FF41' AS
+TEXT)``, a row edited by hand or written by another program), and
+:mod:`sqlite3` refuses to fetch such a value with an ``OperationalError``
+("Could not decode to UTF-8 column ..."). Uncaught, that error reads as the
+database being unusable, and a worker polls the same row forever. Here it
+becomes :class:`~ninelives.errors.DamagedTask` of the task being read, as a
+JSON column that does not parse does.
+
+Only the failure path pays: fetching with a Python ``text_factory`` costs
+about twice the default's, so :func:`lenient_rows` is used only after the
+default fetch has failed.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ...models import damaged
+
+_UNDECODABLE = re.compile(r"could not decode to utf-8 column '([^']*)'", re.IGNORECASE)
+
+
+def undecodable(exc: BaseException) -> bool:
+    """Whether ``exc`` is :mod:`sqlite3`'s refusal of text that is not UTF-8."""
+    return isinstance(exc, sqlite3.OperationalError) and bool(_UNDECODABLE.search(str(exc)))
+
+
+@contextmanager
+def utf8_rows(task_id: str, where: str = "task") -> Iterator[None]:
+    """Reads of ``task_id``'s rows inside: text that is not UTF-8 raises
+    :class:`~ninelives.errors.DamagedTask` of that task (its row ``where``)."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        found = _UNDECODABLE.search(str(exc))
+        if found is None:
+            raise
+        # The column's name, unless it is an expression of the query (its SQL
+        # says nothing to the user); never the bytes themselves.
+        column = found.group(1)
+        what = f"column {column!r}" if column.isidentifier() else "a text column"
+        reason = ValueError(f"{what} holds text that is not UTF-8")
+        raise damaged(task_id, where, reason) from None
+
+
+def lenient_rows(conn: sqlite3.Connection, query: str, params: dict[str, Any]) -> list[Any]:
+    """The rows of ``query``, text that is not UTF-8 read as bytes (the row
+    readers then find it is not text): for a read of many tasks, so that one
+    task's bad text does not hide the others."""
+    conn.text_factory = _text_or_bytes
+    try:
+        return conn.execute(query, params).fetchall()
+    finally:
+        conn.text_factory = str
+
+
+def _text_or_bytes(raw: bytes) -> str | bytes:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw

@@ -1,0 +1,205 @@
+"""Values no check expected, on the command line and in stored rows.
+
+Each case ran into a Python traceback (or a worse outcome) before: a duration
+or port too large for a float or a socket, ``report -o`` naming the database
+itself, a stored NaN copied by ``fork``, text that is not UTF-8, a time out of
+any date's range, a BLOB in a text column. Each is now one line on stderr and
+a documented exit code, nothing stored changes, and a task whose rows cannot
+be read is that one task damaged (exit 5) while the others go on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from ninelives.testing import Lab, Result
+
+APPROVAL = {"tool": "approval", "input": {"prompt": "ok?"}}
+
+
+def one_line(result: Result, code: int, *words: str) -> None:
+    """Exit ``code``, one ``ninelives: error:`` line holding ``words``, no traceback."""
+    assert result.returncode == code, result
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("ninelives: error: "), result.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+def sql(lab: Lab, statement: str) -> None:
+    conn = sqlite3.connect(lab.root / "state.db")
+    try:
+        conn.execute(statement)
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def task_ids(lab: Lab) -> list[str]:
+    conn = sqlite3.connect(lab.root / "state.db")
+    try:
+        return sorted(row[0] for row in conn.execute("SELECT id FROM tasks"))
+    finally:
+        conn.close()
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def two(sqlite_lab: Lab) -> Lab:
+    """Tasks ``t`` (to be damaged) and ``u`` (its neighbour), each waiting for approval."""
+    sqlite_lab.write_plan({"goal": "g", "steps": [APPROVAL]})
+    for task in ("t", "u"):
+        assert sqlite_lab.cli("create", task, "plan.json").returncode == 0
+        assert sqlite_lab.cli("run", task, "-q").returncode == 8
+    return sqlite_lab
+
+
+# -- numbers on the command line ------------------------------------------------
+
+
+@pytest.mark.parametrize("duration", ["9" * 400 + "s", "9" * 5000 + "s", "9" * 13 + "w", "365001d"])
+def test_a_duration_too_long_is_exit_4(two: Lab, duration: str) -> None:
+    before = digest(two.root / "state.db")
+    one_line(two.cli("gc", "--older-than", duration), 4, "is too long")
+    assert digest(two.root / "state.db") == before
+    # control: the longest accepted, and a number with leading zeros
+    assert two.cli("gc", "--older-than", "365000d", "--dry-run").returncode == 0
+    assert two.cli("gc", "--older-than", "0" * 50 + "1s", "--dry-run").returncode == 0
+
+
+@pytest.mark.parametrize("port", ["70000", "9" * 400, "-1"])
+def test_a_port_out_of_range_is_exit_4(two: Lab, port: str) -> None:
+    one_line(two.cli("ui", "--port", port, timeout=30), 4, "--port must be 0-65535")
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--workers", "9" * 400), ("--workers", "257"), ("--kills", "9" * 400)]
+)
+def test_torture_numbers_out_of_range_are_exit_4(two: Lab, option: str, value: str) -> None:
+    result = two.cli("torture", "plan.json", option, value, "--kills", "1", timeout=60)
+    if option == "--kills":
+        result = two.cli("torture", "plan.json", option, value, timeout=60)
+    one_line(result, 4, f"{option} must be")
+
+
+# -- report -o the database -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["state.db", "link.db", "../lab/state.db", "sub/../state.db", "state.db-wal",
+     "state.db-shm", "state.db-journal", "state.db.blobs/x", "state.db.locks/x",
+     "{root}/state.db"],
+)  # fmt: skip
+def test_report_never_overwrites_the_database(two: Lab, target: str) -> None:
+    (two.root / "link.db").symlink_to("state.db")
+    (two.root / "sub").mkdir()
+    target = target.format(root=two.root)
+    before = digest(two.root / "state.db")
+    one_line(two.cli("report", "t", "-o", target), 4, "is the database", "nothing written")
+    assert digest(two.root / "state.db") == before
+    assert not (two.root / "state.db.blobs" / "x").exists()
+    assert two.cli("status", "u").returncode == 0
+    # control: another file is written
+    assert two.cli("report", "t", "-o", "r.html").returncode == 0
+    assert (two.root / "r.html").read_text().startswith("<!")
+
+
+def test_report_through_a_symlinked_database_refuses_its_real_file(two: Lab) -> None:
+    (two.root / "link.db").symlink_to("state.db")
+    before = digest(two.root / "state.db")
+    result = two.cli("--db", "link.db", "report", "t", "-o", "state.db-wal")
+    one_line(result, 4, "is the database")
+    assert digest(two.root / "state.db") == before
+
+
+# -- fork of a stored NaN ---------------------------------------------------------
+
+
+def test_fork_of_an_output_holding_nan_is_damaged_and_stores_nothing(sqlite_lab: Lab) -> None:
+    sqlite_lab.write_plan({"goal": "g", "steps": [APPROVAL, APPROVAL]})
+    assert sqlite_lab.cli("create", "t", "plan.json").returncode == 0
+    assert sqlite_lab.cli("run", "t", "-q").returncode == 8
+    assert sqlite_lab.cli("approve", "t", "0").returncode == 0
+    assert sqlite_lab.cli("run", "t", "-q").returncode == 8
+    # control: the fork works before the output is damaged
+    assert sqlite_lab.cli("fork", "t", "ok", "--from", "1").returncode == 0
+    sql(sqlite_lab, "UPDATE steps SET output = '{\"approved\": true, \"note\": NaN}' "
+                    "WHERE task_id = 't' AND idx = 0")  # fmt: skip
+    one_line(sqlite_lab.cli("fork", "t", "t2", "--from", "1"), 5, "task 't' is damaged", "step 0")
+    assert task_ids(sqlite_lab) == ["ok", "t"]
+
+
+# -- stored rows no reader expected -------------------------------------------------
+
+
+def test_text_that_is_not_utf8_is_a_damaged_task_and_drain_ends(two: Lab) -> None:
+    sql(two, "UPDATE tasks SET goal = CAST(X'FF41' AS TEXT) WHERE id = 't'")
+    sql(two, "UPDATE tasks SET queue = 'default'")  # both where a worker looks
+    sql(two, "UPDATE tasks SET status = 'pending' WHERE id = 't'")
+    drain = two.cli("worker", "--drain", "--poll", "0.05", timeout=60)
+    assert drain.returncode == 11, drain
+    assert "Traceback" not in drain.stderr
+    last = drain.stderr.splitlines()[-1]
+    assert last.startswith("ninelives: error: queue 'default' drained except 1 task(s)"), last
+    assert "task 't' is damaged" in last
+    commands: list[tuple[str, ...]] = [
+        ("status", "t"), ("run", "t"), ("export", "t"), ("cancel", "t"),
+        ("fork", "t", "t2", "--from", "0"), ("report", "t", "-o", "r.html"),
+    ]  # fmt: skip
+    for command in commands:
+        one_line(two.cli(*command), 5, "task 't' is damaged", "not UTF-8")
+    listed = two.cli("ls", "--json")
+    assert listed.returncode == 0, listed
+    assert {r["task"]: r["status"] for r in listed.jsonl()} == {"t": "damaged", "u": "waiting"}
+    assert two.cli("status", "u").returncode == 0
+    assert task_ids(two) == ["t", "u"]
+
+
+BAD_ROWS = {
+    "event time 1e308": "UPDATE events SET ts = 1e308 WHERE task_id = 't'",
+    "event time text": "UPDATE events SET ts = 'x' WHERE task_id = 't'",
+    "created_at 1e308": "UPDATE tasks SET created_at = 1e308 WHERE id = 't'",
+    "created_at text": "UPDATE tasks SET created_at = 'x' WHERE id = 't'",
+    "created_at -inf": "UPDATE tasks SET created_at = -1e999 WHERE id = 't'",
+    "goal a BLOB": "UPDATE tasks SET goal = X'6869' WHERE id = 't'",
+    "tool a BLOB": "UPDATE steps SET tool = X'6869' WHERE task_id = 't'",
+    "event kind a BLOB": "UPDATE events SET kind = X'6869' WHERE task_id = 't'",
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ROWS))
+def test_a_row_of_the_wrong_type_is_that_task_damaged(two: Lab, case: str) -> None:
+    sql(two, BAD_ROWS[case])
+    before = digest(two.root / "state.db")
+    commands: list[tuple[str, ...]] = [
+        ("export", "t", "--format", "otlp-json"), ("export", "t"), ("report", "t", "-o", "r.html"),
+    ]  # fmt: skip
+    if case.startswith(("created_at", "goal", "tool")):  # rows every command reads
+        commands += [("status", "t"), ("run", "t"), ("fork", "t", "t2", "--from", "0")]
+    for command in commands:
+        one_line(two.cli(*command), 5, "task 't' is damaged")
+    listed = two.cli("ls", "--json")
+    assert listed.returncode == 0, listed
+    statuses = {r["task"]: r["status"] for r in listed.jsonl()}
+    assert statuses["u"] == "waiting"
+    assert set(statuses) == {"t", "u"}
+    json.dumps(listed.jsonl(), allow_nan=False)  # every value listed is plain JSON
+    verify = two.cli("verify", "--all")
+    assert verify.returncode in (5, 7), verify
+    assert "Traceback" not in verify.stderr
+    assert "t: damaged: task 't' is damaged" in verify.stdout, verify.stdout
+    assert not any(line.startswith("u:") for line in verify.stdout.splitlines())
+    assert two.cli("status", "u").returncode == 0
+    assert digest(two.root / "state.db") == before
+    assert task_ids(two) == ["t", "u"]

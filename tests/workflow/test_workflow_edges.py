@@ -1,0 +1,243 @@
+"""Where durable code meets Python's edges, through the command line, real
+processes: dict keys JSON turns into text, a step function's own ``name`` and
+``fn`` keywords, a step policy changed in the code under a started step, verify
+after a retry, steps started together by ``asyncio.gather``, an exception whose
+message itself raises."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import ninelives
+from ninelives.errors import InputError
+from ninelives.testing import Lab
+
+pytestmark = pytest.mark.crash
+
+FLOWS = """
+import asyncio
+import os
+
+import ninelives
+
+
+def log(line):
+    with open("calls.log", "a") as f:
+        f.write(line + "\\n")
+
+
+def lookup():
+    return {1: "one"}
+
+
+@ninelives.workflow
+def int_keys(ctx):
+    table = ctx.step("lookup", lookup)
+    return {"first": table[1]}
+
+
+@ninelives.workflow
+def int_result(ctx):
+    ctx.step("first", log, "first")
+    return {1: "one"}
+
+
+@ninelives.step
+def greet(name):
+    return "hello " + name
+
+
+def label(fn, name):
+    return f"{fn}/{name}"
+
+
+@ninelives.workflow
+def keywords(ctx):
+    return {"greet": greet(name="bob"), "label": ctx.step("label", label, fn="f", name="n")}
+
+
+@ninelives.step(max_attempts=MAX, backoff=False)
+def call_api():
+    log("call_api")
+    raise RuntimeError("api down")
+
+
+@ninelives.workflow
+def calls_api(ctx):
+    return call_api()
+
+
+@ninelives.step(max_attempts=1)
+async def boom():
+    await asyncio.sleep(0.2)
+    raise RuntimeError("boom")
+
+
+async def slow():
+    log("slow")
+    await asyncio.sleep(2)
+    return "slow"
+
+
+@ninelives.workflow
+async def together(ctx):
+    return await asyncio.gather(boom(), ctx.step("slow", slow))
+
+
+class ApiError(Exception):
+    def __init__(self, response):
+        super().__init__()
+        self.response = response
+
+    def __str__(self):
+        return self.response["message"]
+
+
+@ninelives.step(max_attempts=3, backoff=False)
+def unprintable():
+    log("unprintable")
+    raise ApiError({})
+
+
+@ninelives.workflow
+def raises_unprintable_in_a_step(ctx):
+    return unprintable()
+
+
+@ninelives.workflow
+def raises_unprintable(ctx):
+    ctx.step("one", log, "one")
+    raise ApiError({})
+"""
+
+
+def write_flows(lab: Lab, max_attempts: int = 2) -> None:
+    # A comment of another length each time: a rewrite within the same second
+    # must not be served from a stale .pyc.
+    lab.write("eflows.py", f"# attempts {max_attempts}\n" + FLOWS.replace("MAX", str(max_attempts)))
+
+
+@pytest.fixture
+def flow_lab(lab: Lab) -> Lab:
+    write_flows(lab)
+    lab.base_env["NINELIVES_TOOLS"] = "eflows"
+    lab.base_env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return lab
+
+
+def _calls(lab: Lab) -> list[str]:
+    log = lab.root / "calls.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def _one_error_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("ninelives: error:")]
+    assert len(errors) == 1, stderr
+    return errors[0]
+
+
+def test_a_step_value_with_a_key_json_would_turn_into_text_is_a_step_error(
+    flow_lab: Lab,
+) -> None:
+    """{1: "one"} would read back as {"1": "one"}: a resumed task would find
+    another value than the first run had, so it is refused like any value JSON
+    cannot hold, on the first run."""
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", "int_keys").returncode == 0
+    failed = lab.cli("run", "t", AGENT_MAX_ATTEMPTS="1")
+    assert failed.returncode == 2, failed.stderr
+    line = _one_error_line(failed.stderr)
+    assert "step 0 (lookup)" in line, line
+    assert "key 1 is not a string" in line, line
+
+
+def test_a_result_with_a_key_json_would_turn_into_text_is_refused(flow_lab: Lab) -> None:
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", "int_result").returncode == 0
+    refused = lab.cli("run", "t")
+    assert refused.returncode == 12, refused.stderr
+    assert "key 1 is not a string" in _one_error_line(refused.stderr)
+    assert lab.cli("status", "t", "--json").json()["status"] == "running"
+
+
+def test_arguments_with_a_key_json_would_turn_into_text_are_refused(tmp_path: Path) -> None:
+    @ninelives.workflow("edges_show_keys")
+    def show(ctx: object, table: dict[object, str]) -> list[str]:
+        return sorted(repr(k) for k in table)
+
+    with ninelives.open(str(tmp_path / "state.db")) as rt:
+        with pytest.raises(InputError, match="key 1 is not a string"):
+            rt.create("a", show, {1: "one"})
+        assert rt.store.task_ids() == []
+
+
+def test_a_step_function_may_take_keywords_named_name_and_fn(flow_lab: Lab) -> None:
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", "keywords").returncode == 0
+    done = lab.cli("run", "t")
+    assert done.returncode == 0, done.stderr
+    assert lab.cli("status", "t", "--json").json()["result"] == {
+        "greet": "hello bob",
+        "label": "f/n",
+    }
+
+
+def test_a_started_step_keeps_the_policy_it_was_stored_with(flow_lab: Lab) -> None:
+    """The code raises max_attempts from 2 to 4 under a started step: the run and
+    verify both hold to the stored 2 (steps started later take the new policy)."""
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", "calls_api").returncode == 0
+    killed = lab.cli("run", "t", AGENT_CRASH_AT="before_effect:0")
+    assert killed.returncode == -9, killed.stderr
+    write_flows(lab, max_attempts=4)
+    failed = lab.cli("run", "t")
+    assert failed.returncode == 2, failed.stderr
+    assert _calls(lab) == ["call_api"]  # attempt 2 of 2: the killed one was attempt 1
+    checked = lab.cli("verify", "t")
+    assert checked.returncode == 0, checked.stdout
+
+
+def test_verify_counts_a_steps_attempts_from_its_last_retry(flow_lab: Lab) -> None:
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", "calls_api").returncode == 0
+    assert lab.cli("run", "t").returncode == 2
+    assert lab.cli("retry", "t").returncode == 0
+    assert lab.cli("run", "t").returncode == 2
+    assert _calls(lab) == ["call_api"] * 4  # 2 attempts, a retry, 2 attempts
+    checked = lab.cli("verify", "t")
+    assert checked.returncode == 0, checked.stdout
+
+
+def test_steps_started_together_are_refused_before_the_second_starts(flow_lab: Lab) -> None:
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", "together").returncode == 0
+    refused = lab.cli("run", "t")
+    assert refused.returncode == 12, refused.stderr
+    assert "steps run one after another" in _one_error_line(refused.stderr)
+    assert "slow" not in _calls(lab)
+    status = lab.cli("status", "t", "--json").json()
+    assert status["status"] == "running"
+    assert [s["tool"] for s in status["steps"]] == ["boom"]
+    checked = lab.cli("verify", "t")
+    assert checked.returncode == 0, checked.stdout
+
+
+def test_an_exception_whose_message_raises_is_still_a_step_error(flow_lab: Lab) -> None:
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", "raises_unprintable_in_a_step").returncode == 0
+    failed = lab.cli("run", "t")
+    assert failed.returncode == 2, failed.stderr
+    assert "ApiError (its message raised KeyError)" in _one_error_line(failed.stderr)
+    assert _calls(lab) == ["unprintable"] * 3  # its policy's 3 attempts
+    assert lab.cli("verify", "t").returncode == 0
+
+
+def test_an_exception_whose_message_raises_outside_a_step_is_one_line(flow_lab: Lab) -> None:
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", "raises_unprintable").returncode == 0
+    refused = lab.cli("run", "t")
+    assert refused.returncode == 12, refused.stderr
+    assert "ApiError (its message raised KeyError)" in _one_error_line(refused.stderr)
