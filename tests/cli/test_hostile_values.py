@@ -166,6 +166,28 @@ def test_text_that_is_not_utf8_is_a_damaged_task_and_drain_ends(two: Lab) -> Non
     assert task_ids(two) == ["t", "u"]
 
 
+def test_a_task_id_that_is_not_utf8_stops_neither_the_queue_nor_ls(sqlite_lab: Lab) -> None:
+    # An id no one can name, first in its queue: it blocked every worker (each
+    # poll a store error) and made ls fail; now it is one damaged task.
+    sqlite_lab.write_plan({"goal": "g", "steps": [{"tool": "write_artifact",
+                           "input": {"name": "x.txt", "text": "hi"}}]})  # fmt: skip
+    for task in ("bad", "ok"):
+        assert sqlite_lab.cli("submit", task, "plan.json").returncode == 0
+    for table, column in (("tasks", "id"), ("steps", "task_id"), ("events", "task_id")):
+        sql(sqlite_lab, f"UPDATE {table} SET {column} = CAST(X'62FF64' AS TEXT) "
+            f"WHERE {column} = 'bad'")  # fmt: skip
+    drain = sqlite_lab.cli("worker", "--drain", "--poll", "0.05", timeout=60)
+    assert drain.returncode == 11, drain
+    assert "Traceback" not in drain.stderr
+    assert "action=damaged task=b\\xffd" in drain.stderr
+    last = drain.stderr.splitlines()[-1]
+    assert "drained except 1 task(s)" in last and "its id is not UTF-8" in last, last
+    assert sqlite_lab.cli("status", "ok").json()["status"] == "done"
+    listed = sqlite_lab.cli("ls", "--json")
+    assert listed.returncode == 0, listed
+    assert {r["task"]: r["status"] for r in listed.jsonl()} == {"ok": "done", "b\\xffd": "damaged"}
+
+
 BAD_ROWS = {
     "event time 1e308": "UPDATE events SET ts = 1e308 WHERE task_id = 't'",
     "event time text": "UPDATE events SET ts = 'x' WHERE task_id = 't'",

@@ -31,7 +31,7 @@ from .. import sql
 from ..housekeeping import LocalFiles
 from ..rules import newest_first
 from .files import resolved_folder
-from .text import lenient_rows, undecodable
+from .text import rows_of_tasks, shown
 
 Q = sql.load_queries("sqlite")
 T = TypeVar("T")
@@ -135,32 +135,35 @@ class SQLiteHousekeeping:
 
 def _page(
     conn: sqlite3.Connection, statuses: Sequence[str], queue: str | None, limit: int
-) -> list[str]:
+) -> list[str | bytes]:
+    """The ids of a page of ``ls``; bytes for an id that is not UTF-8."""
     if not statuses:
         if queue is None:
-            return [r[0] for r in conn.execute(Q["ls_page"], {"limit": limit})]
-        return [r[0] for r in conn.execute(Q["ls_page_queue"], {"queue": queue, "limit": limit})]
-    ids: list[str] = []
+            return [r[0] for r in rows_of_tasks(conn, Q["ls_page"], {"limit": limit})]
+        params = {"queue": queue, "limit": limit}
+        return [r[0] for r in rows_of_tasks(conn, Q["ls_page_queue"], params)]
+    ids: list[str | bytes] = []
     # One indexed page per status, merged by the caller: an IN list would
     # make SQLite sort every task of those statuses to find the newest few.
     for status in statuses:
         params = {"status": status, "queue": queue, "limit": limit}
         name = "ls_page_status" if queue is None else "ls_page_status_queue"
-        ids.extend(r[0] for r in conn.execute(Q[name], params))
+        ids.extend(r[0] for r in rows_of_tasks(conn, Q[name], params))
     return ids
 
 
-def _summaries(conn: sqlite3.Connection, ids: list[str], limit: int) -> list[TaskSummary]:
+def _summaries(conn: sqlite3.Connection, ids: list[str | bytes], limit: int) -> list[TaskSummary]:
     if not ids:
         return []
-    params = {"ids": dumps(ids)}
-    try:
-        rows = conn.execute(Q["ls_rows"], params).fetchall()
-    except sqlite3.OperationalError as exc:
-        if not undecodable(exc):
-            raise
-        # A task's text is not UTF-8: listed as damaged, the others as they are.
-        rows = lenient_rows(conn, Q["ls_rows"], params)
+    named = [i for i in ids if isinstance(i, str)]
+    # A task's text is not UTF-8: listed as damaged, the others as they are.
+    rows = rows_of_tasks(conn, Q["ls_rows"], {"ids": dumps(named)}) if named else []
+    # An id that is not UTF-8 names no task: listed, escaped, with nothing else.
+    rows += [
+        (shown(i), None, None, None, None, None, 0, 0, 0, None, None)
+        for i in ids
+        if not isinstance(i, str)
+    ]
     return newest_first([TaskSummary.from_row(r) for r in rows], limit)
 
 

@@ -32,6 +32,7 @@ from ...models import (
     StepStatus,
     Task,
     TaskStatus,
+    damaged,
 )
 from .. import commits
 from ..base import Appended, Grant, StepNotDue
@@ -49,7 +50,7 @@ from .files import (
     quick_check_findings,
     stored_folder,
 )
-from .text import utf8_rows
+from .text import rows_of_tasks, shown, utf8_rows
 
 if TYPE_CHECKING:
     from ...plan import Plan
@@ -214,13 +215,19 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
         after: tuple[float, str] = (float("-inf"), "")
         while True:
             with self._read() as conn:
-                page = conn.execute(
-                    Q["claim_candidates"],
+                page = rows_of_tasks(
+                    conn, Q["claim_candidates"],
                     {"queue": queue, "after_ts": after[0], "after_id": after[1],
                      "page": CLAIM_PAGE, "now": time.time()},
-                ).fetchall()  # fmt: skip
+                )  # fmt: skip
             for task_id, created_at in page:
                 after = (created_at, task_id)
+                if not isinstance(task_id, str):
+                    # An id that is not UTF-8 (bytes here) names a task no one
+                    # can run: refused by name, never stopping the queue behind it.
+                    task_id = shown(task_id)
+                    if task_id not in skip:
+                        raise damaged(task_id, "task", ValueError("its id is not UTF-8"))
                 if task_id in skip:
                     continue
                 try:
@@ -400,7 +407,9 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
     def unfinished(self, queue: str, *, skip: Sequence[str] = ()) -> int:
         with self._read() as conn:
             params = {"queue": queue, "skip": dumps(list(skip))}
-            return int(conn.execute(Q["unfinished"], params).fetchone()[0])
+            rows = rows_of_tasks(conn, Q["unfinished"], params)
+        # An id that is not UTF-8 (bytes) is skipped under the name it was refused by.
+        return sum(isinstance(r[0], str) or shown(r[0]) not in skip for r in rows)
 
     def start_step(self, run: Run, idx: int, tool: str, *, tool_version: str | None = None) -> int:
         now = time.time()

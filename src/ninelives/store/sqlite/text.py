@@ -60,6 +60,24 @@ def lenient_rows(conn: sqlite3.Connection, query: str, params: dict[str, Any]) -
         conn.text_factory = str
 
 
+def rows_of_tasks(conn: sqlite3.Connection, query: str, params: dict[str, Any]) -> list[Any]:
+    """The rows of ``query``, a read over many tasks: fetched as usual, and again
+    by :func:`lenient_rows` only when some text is not UTF-8 (a task id
+    included: such a task can be named by no one, so the callers list it as
+    damaged or pass it by, and never let it stop the others)."""
+    try:
+        return conn.execute(query, params).fetchall()
+    except sqlite3.OperationalError as exc:
+        if not undecodable(exc):
+            raise
+    return lenient_rows(conn, query, params)
+
+
+def shown(value: str | bytes) -> str:
+    """``value`` as text to show: bytes that are not UTF-8 escaped (``\\xff``)."""
+    return value if isinstance(value, str) else value.decode("utf-8", "backslashreplace")
+
+
 def _text_or_bytes(raw: bytes) -> str | bytes:
     try:
         return raw.decode("utf-8")
