@@ -181,7 +181,8 @@ def test_a_task_id_that_is_not_utf8_stops_neither_the_queue_nor_ls(sqlite_lab: L
     assert "Traceback" not in drain.stderr
     assert "action=damaged task=b\\xffd" in drain.stderr
     last = drain.stderr.splitlines()[-1]
-    assert "drained except 1 task(s)" in last and "its id is not UTF-8" in last, last
+    assert "drained except 1 task(s)" in last, last
+    assert "its id is not UTF-8" in last, last
     assert sqlite_lab.cli("status", "ok").json()["status"] == "done"
     listed = sqlite_lab.cli("ls", "--json")
     assert listed.returncode == 0, listed

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from ninelives.store.postgres.store import holder_dead_here, host_identity
+from ninelives.store.postgres.housekeeping import holder_dead_here, host_identity
 
 
 def _dead_pid() -> int:

@@ -8,6 +8,8 @@ index (migration 0007).
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -19,7 +21,7 @@ from ...models import Deleted, MetricCounts, TaskHold, TaskSummary, step_duratio
 from .. import sql
 from ..housekeeping import LocalFiles
 from ..rules import newest_first
-from .base import Q, Session
+from .base import Q, Session, scalar
 
 Conn = psycopg.Connection[Any]
 
@@ -109,19 +111,17 @@ class PostgresHousekeeping(Session):
 
     def holder_gone(self, task_id: str, epoch: int) -> bool:
         """Whether the holder of a live lease is provably gone, as ``run`` decides
-        before taking over early: its sessions' advisory lock is free, and it
-        claimed the task since the server last started."""
+        before taking over early (:func:`holder_alive`): so housekeeping never
+        calls a holder gone that ``run`` would wait for."""
         conn = self._connection()
-        holder = {"id": task_id, "epoch": epoch}
         try:
-            if not conn.execute(Q["holder_probe"], holder).fetchone()[0]:  # type: ignore[index]
+            row = conn.execute(Q["holder_owner"], {"id": task_id, "epoch": epoch}).fetchone()
+            if row is None:
                 return False
-            conn.execute(Q["holder_probe_end"], holder)
-            row = conn.execute(Q["holder_gone"], {"id": task_id}).fetchone()
+            return holder_alive(conn, task_id, epoch, row[0], host_identity()) is None
         except psycopg.Error as exc:
             self._drop()
             raise StoreError(f"cannot read {self._shown}: {self._why(exc)}") from exc
-        return bool(row and row[0])
 
     def expired_leases(self) -> list[tuple[str, str, int, str, float]]:
         """``(id, status, epoch, owner, seconds since expiry)`` of every lease whose
@@ -166,3 +166,67 @@ class PostgresHousekeeping(Session):
         with self._read() as conn:
             row = conn.execute(Q["schema_version"]).fetchone()
         return (int(row[0]) if row else 0), latest
+
+
+def host_identity() -> str | None:
+    """What makes one of this process's pids mean the same process to another:
+    the same boot of the same machine (Linux ``boot_id``) and the same PID
+    namespace (the inode of ``/proc/self/ns/pid``), hashed short. None where
+    either cannot be read: then no holder is ever provably dead here."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+    if not boot:
+        return None
+    return hashlib.sha256(f"{boot}:{namespace}".encode()).hexdigest()[:16]
+
+
+def holder_dead_here(owner: str | None, here: str | None) -> bool:
+    """True only if ``owner`` (a ``lease_owner``) names a process of this
+    machine and PID namespace (``here``) that no longer exists. An owner
+    without an identity (an older version, a host without one) is never dead:
+    a pid of another machine says nothing here. A pid reused since is taken
+    for the holder alive, the safe side."""
+    parts = (owner or "").split("/")
+    if here is None or len(parts) != 4 or parts[3] != here or not parts[1].isdigit():
+        return False
+    try:
+        os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # it exists (EPERM: another user's), or cannot be told
+    return False
+
+
+def holder_alive(
+    conn: Conn, task_id: str, epoch: int, owner: str | None, here: str | None
+) -> str | None:
+    """Why the holder of the live lease ``epoch`` may still be running, or None
+    when it is provably gone: the one rule of ``run``'s early takeover and of
+    ``doctor``. The lease is the truth; its holder's session advisory lock tells
+    only when that lock is free *and* was taken in the server's current life (a
+    restart frees the locks of live holders) *and* the holder's process is
+    provably gone from this machine (``owner`` read by :func:`holder_dead_here`):
+    sessions also end under a live process (``pg_terminate_backend``,
+    ``idle_session_timeout``, a pooler), so a free lock alone proves nothing."""
+    holder = {"id": task_id, "epoch": epoch}
+    if not scalar(conn, Q["holder_probe"], holder):
+        return f"task {task_id!r} is being run by another live process (its lease is held)"
+    conn.execute(Q["holder_probe_end"], holder)
+    if not scalar(conn, Q["holder_gone"], {"id": task_id}):
+        return (
+            f"task {task_id!r} is held by a lease taken before the database server "
+            "restarted, so its holder may still be running: the lease is honoured until "
+            "it expires or is released"
+        )
+    if not holder_dead_here(owner, here):
+        return (
+            f"task {task_id!r} is held by a lease whose holder ({owner}) may still be "
+            "running: its database sessions ended, but its process is not provably gone "
+            "from this machine; the lease is honoured until it expires or is released"
+        )
+    return None

@@ -35,7 +35,6 @@ since a session advisory lock marks a live lease holder.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import socket
 import sys
@@ -80,42 +79,8 @@ from .base import (
     scalar,
 )
 from .blobs import TableBlobs
-from .housekeeping import PostgresHousekeeping
+from .housekeeping import PostgresHousekeeping, holder_alive, host_identity
 from .runner import StepCommits
-
-
-def host_identity() -> str | None:
-    """What makes one of this process's pids mean the same process to another:
-    the same boot of the same machine (Linux ``boot_id``) and the same PID
-    namespace (the inode of ``/proc/self/ns/pid``), hashed short. None where
-    either cannot be read: then no holder is ever provably dead here."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            boot = f.read().strip()
-        namespace = os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return None
-    if not boot:
-        return None
-    return hashlib.sha256(f"{boot}:{namespace}".encode()).hexdigest()[:16]
-
-
-def holder_dead_here(owner: str | None, here: str | None) -> bool:
-    """True only if ``owner`` (a ``lease_owner``) names a process of this
-    machine and PID namespace (``here``) that no longer exists. An owner
-    without an identity (an older version, a host without one) is never dead:
-    a pid of another machine says nothing here. A pid reused since is taken
-    for the holder alive, the safe side."""
-    parts = (owner or "").split("/")
-    if here is None or len(parts) != 4 or parts[3] != here or not parts[1].isdigit():
-        return False
-    try:
-        os.kill(int(parts[1]), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False  # it exists (EPERM: another user's), or cannot be told
-    return False
 
 
 def redact(url: str) -> str:
@@ -314,43 +279,11 @@ class PostgresStore(StepCommits, PostgresHousekeeping, commits.SharedCommits):
         return owner if self._here is None else f"{owner}/{self._here}"
 
     def _take_over_early(self, conn: Conn, task_id: str, held: int, owner: str | None) -> None:
-        """Return only if the holder of a live lease is provably gone, else TaskBusy.
-
-        The lease is the truth; its holder's session advisory lock only lets
-        ``run`` take over before expiry when that lock is free *and* was taken
-        in the server's current life (a restart frees the locks of live holders)
-        *and* the holder's process is provably gone from this machine: sessions
-        also end under a live process (``pg_terminate_backend``,
-        ``idle_session_timeout``, a pooler), so a free lock alone proves nothing.
-        """
-        holder = {"id": task_id, "epoch": held}
-        if not scalar(conn, Q["holder_probe"], holder):
-            raise TaskBusy(
-                f"task {task_id!r} is being run by another live process (its lease is held)"
-            )
-        conn.execute(Q["holder_probe_end"], holder)
-        if not scalar(conn, Q["holder_gone"], {"id": task_id}):
-            raise TaskBusy(
-                f"task {task_id!r} is held by a lease taken before the database server "
-                "restarted, so its holder may still be running: the lease is honoured until "
-                "it expires or is released"
-            )
-        if not holder_dead_here(owner, self._here):
-            raise TaskBusy(
-                f"task {task_id!r} is held by a lease whose holder ({owner}) may still be "
-                "running: its database sessions ended, but its process is not provably gone "
-                "from this machine; the lease is honoured until it expires or is released"
-            )
-
-    def holder_gone(self, task_id: str, epoch: int) -> bool:
-        """As ``run`` decides (:meth:`_take_over_early`), so that housekeeping never
-        calls a holder gone that ``run`` would wait for: its sessions' lock free since
-        the server started, and its process gone from this machine."""
-        if not super().holder_gone(task_id, epoch):
-            return False
-        with self._read() as conn:
-            row = conn.execute(Q["holder_owner"], {"id": task_id, "epoch": epoch}).fetchone()
-        return row is not None and holder_dead_here(row[0], self._here)
+        """Return only if the holder of a live lease is provably gone (see
+        :func:`~ninelives.store.postgres.housekeeping.holder_alive`), else TaskBusy."""
+        alive = holder_alive(conn, task_id, held, owner, self._here)
+        if alive is not None:
+            raise TaskBusy(alive)
 
     def claim_next(
         self,

@@ -78,7 +78,7 @@ SELECT coalesce(max(ts), 0) > greatest(
 FROM events WHERE task_id = %(id)s AND kind = 'run_started';
 
 -- name: holder_owner
--- The lease_owner of the claim under epoch, which names its process (holder_dead_here).
+-- The lease_owner of the claim under epoch, which names its process (housekeeping.holder_dead_here).
 SELECT lease_owner FROM tasks WHERE id = %(id)s AND lease_epoch = %(epoch)s;
 
 -- name: holder_unlock
