@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from .errors import BlobDamaged, EffectUnknown, StoreError
 from .errors import BlobUnreadable as BlobUnreadable  # its old home: kept importable
+from .models import load_json
 
 if TYPE_CHECKING:
     from .models import Step, Task
@@ -203,7 +204,7 @@ def resolve_step(step: Step, blobs: Blobs | None) -> Step:
         if blobs is None:
             raise BlobUnreadable("this store has no blob store to read it from")
         data = blobs.read(ref)
-        value = json.loads(data.decode("utf-8"))
+        value = load_json(data.decode("utf-8"))
     except (BlobUnreadable, ValueError) as exc:
         raise BlobDamaged(
             f"{where}: its output blob {ref.sha256} ({ref.size} bytes) cannot be used: {exc}; "
@@ -521,12 +522,13 @@ def references(store: Any) -> list[Reference]:
                 continue  # check() reports it; its contents are unknown
             if REF_KEY.encode() not in body:
                 continue
-            value: Any = json.loads(body.decode("utf-8"))
-        else:
-            try:
-                value = json.loads(text)
-            except ValueError:
-                continue
+            text = body.decode("utf-8", "replace")
+        try:
+            # Depth-checked: a row nested past any reader (an older version, a
+            # hand edit) is that task damaged, not a gc or doctor that crashes.
+            value: Any = load_json(text)
+        except ValueError:
+            continue
         if isinstance(value, dict) and len(value) == 1 and isinstance(value.get(RAW_KEY), dict):
             # An escaped output: its top level only looked like a reference.
             value = list(value[RAW_KEY].values())

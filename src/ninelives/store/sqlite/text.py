@@ -65,3 +65,23 @@ def _text_or_bytes(raw: bytes) -> str | bytes:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
         return raw
+
+
+def blob_rows(conn: sqlite3.Connection, query: str) -> list[tuple[str, int, str]]:
+    """The rows of ``blob_rows`` (``task_id, idx, output``) for gc and doctor:
+    an output that is not UTF-8 (or a BLOB) is given with its bad bytes
+    replaced, so that the references it still holds are kept and one damaged
+    task does not stop the sweep of the whole database."""
+    try:
+        rows = conn.execute(query).fetchall()
+    except sqlite3.OperationalError as exc:
+        if not undecodable(exc):
+            raise
+        rows = lenient_rows(conn, query, {})
+    return [(_as_text(r[0]), int(r[1]), _as_text(r[2])) for r in rows]
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)

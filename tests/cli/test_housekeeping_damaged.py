@@ -1,0 +1,80 @@
+"""``gc`` and ``doctor`` beside one task whose stored rows cannot be read.
+
+The blob sweep reads every output that mentions ``"$blob"``. One damaged row
+(nested past any reader, or text that is not UTF-8, as an older version or a
+hand edit could store) is that one task's problem: gc still removes what it
+should and sweeps the blobs nobody refers to, doctor still reports, and the
+blob a sound task refers to is kept. Each ran into a traceback or an exit 5
+for the whole database before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from ninelives.testing import Lab
+
+BIG = "x" * 200_000  # over the 64 KiB blob threshold: its output goes out of row
+DEEP = '{"$blob": 1, "x": ' + "[" * 5000 + "]" * 5000 + "}"
+
+
+def _blob_folder(lab: Lab) -> Path:
+    return lab.root / "state.db.blobs"
+
+
+def _setup(lab: Lab, damage: str) -> tuple[str, str]:
+    """Task ``big`` (its output a blob), task ``t`` whose row is then damaged with
+    ``damage`` (an SQL expression), and an orphan blob written two hours ago.
+    Returns the hashes of the referenced blob and of the orphan."""
+    lab.write("input/big.txt", BIG)
+    lab.write_plan({"goal": "g", "steps": [{"tool": "fetch", "input": {"path": "input/big.txt"}}]})
+    for task_id in ("big", "t"):
+        assert lab.cli("create", task_id, "plan.json").returncode == 0
+        assert lab.cli("run", task_id, "-q").returncode == 0
+    kept = [p.name for p in _blob_folder(lab).iterdir() if not p.name.startswith(".")]
+    assert len(kept) == 1, kept
+    orphan_body = b"nobody refers to me"
+    orphan = hashlib.sha256(orphan_body).hexdigest()
+    path = _blob_folder(lab) / orphan
+    path.write_bytes(orphan_body)
+    old = time.time() - 7200
+    os.utime(path, (old, old))
+    conn = sqlite3.connect(lab.root / "state.db")
+    try:
+        conn.execute(f"UPDATE steps SET output = {damage} WHERE task_id = 't'")
+        conn.commit()
+    finally:
+        conn.close()
+    return kept[0], orphan
+
+
+DAMAGE = {
+    "nested 5000 deep": f"'{DEEP}'",
+    "not UTF-8": "CAST(X'7b2224626c6f62223a2022fffe227d' AS TEXT)",  # {"$blob": "\xff\xfe"}
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGE))
+def test_gc_and_doctor_sweep_past_a_damaged_row(sqlite_lab: Lab, case: str) -> None:
+    lab = sqlite_lab
+    kept, orphan = _setup(lab, DAMAGE[case])
+    doctor = lab.cli("doctor", "--json")
+    assert "Traceback" not in doctor.stderr, doctor.stderr
+    assert doctor.returncode == 7, doctor
+    assert [f["subject"] for f in doctor.json()["findings"] if f["kind"] == "blob_orphan"] == [
+        orphan
+    ]
+    gc = lab.cli("gc", "--older-than", "30d", "--json")
+    assert "Traceback" not in gc.stderr, gc.stderr
+    assert gc.returncode == 0, gc
+    assert gc.json()["blobs"] == [orphan]
+    assert sorted(p.name for p in _blob_folder(lab).iterdir()) == [kept]
+    # The sound task still reads its blob; the damaged one is that task alone.
+    assert lab.cli("status", "big", "--outputs").returncode == 0
+    assert lab.cli("status", "t").returncode == 5
