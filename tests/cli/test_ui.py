@@ -7,6 +7,8 @@ import json
 import os
 import re
 import shutil
+import socket
+import struct
 import time
 import urllib.error
 import urllib.request
@@ -272,3 +274,25 @@ def test_metrics_histogram_of_step_durations(lab: Lab, view_of: Any) -> None:
         assert finished in text.splitlines()
     started = len(paired) + 2  # and the two attempts killed before they ended
     assert f"ninelives_steps_started_total {started}" in text.splitlines()
+
+
+def test_a_browser_that_goes_away_mid_answer_is_no_traceback(lab: Lab, view_of: Any) -> None:
+    # An answer far larger than a socket buffer (a 500 kB output in the API's
+    # JSON), its reader gone at once (a closed tab, a reload): the write fails
+    # with EPIPE or ECONNRESET, which is no error of the view.
+    lab.write("input/big.txt", "x" * 500_000)
+    lab.write_plan({"goal": "g", "steps": [{"tool": "fetch", "input": {"path": "input/big.txt"}}]})
+    assert lab.cli("create", "big", "plan.json").returncode == 0
+    assert lab.cli("run", "big", "-q").returncode == 0
+    view = view_of()
+    port = int(view.base.rsplit(":", 1)[1].strip("/"))
+    for _ in range(5):
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(f"GET /api/tasks/big HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+            # Closed with a reset, unread: the server's next write fails.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    time.sleep(0.5)
+    assert len(view.json("/api/tasks/big")["outputs"]["0"]["text"]) == 500_000  # still serving
+    view.close()
+    assert view.proc.stderr is not None
+    assert view.proc.stderr.read() == ""

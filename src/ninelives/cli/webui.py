@@ -358,6 +358,19 @@ class Server(ThreadingHTTPServer):
         port = self.server_address[1]
         self.hosts = {f"{n}:{port}" for n in names} | {f"[{n}]:{port}" for n in names}
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A request that raised: one line on stderr, never the traceback
+        :mod:`socketserver` prints; a reader that went away mid-answer (a closed
+        tab, a reload: EPIPE, ECONNRESET, a timeout) is no error at all."""
+        import sys
+
+        from .output import say
+
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            return
+        say(f"ninelives: error: ui: a request from {client_address[0]} failed: {exc!r}")
+
 
 def serve(
     url: str,
