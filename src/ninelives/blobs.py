@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -402,18 +403,22 @@ class FolderBlobs:
                     st = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
-                found.append((entry.name, st.st_size, st.st_mtime))
+                if stat.S_ISREG(st.st_mode):  # a folder or a link there is no blob of ours
+                    found.append((entry.name, st.st_size, st.st_mtime))
         return sorted(found)
 
     def delete(self, sha256: str, older_than: float) -> bool:
         path = self._path(sha256)
         with self._locked(exclusive=True):
             try:
-                if os.lstat(path).st_mtime >= older_than:
+                st = os.lstat(path)
+                if not stat.S_ISREG(st.st_mode) or st.st_mtime >= older_than:
                     return False
                 os.unlink(path)
             except FileNotFoundError:
                 return False
+            except OSError as exc:  # a folder this user cannot write, a read-only mount
+                raise StoreError(f"cannot remove blob {path}: {exc.strerror}") from None
         from .diskio import fsync_dir
 
         fsync_dir(self.folder)
@@ -421,11 +426,16 @@ class FolderBlobs:
 
     def remove_orphans(self, task_id: str) -> None:
         prefix = f".{task_id}-"  # a prefix test first: no pattern compiled per task
-
-        def match(name: str) -> bool:
-            return name.startswith(prefix) and _TEMP_TAIL.fullmatch(name, len(prefix)) is not None
-
-        self._remove_temps(match, None)
+        try:
+            names = os.listdir(self.folder)
+        except OSError:
+            return  # nothing to clean that we can see; never stops a run
+        for name in names:
+            if name.startswith(prefix) and _TEMP_TAIL.fullmatch(name, len(prefix)) is not None:
+                try:
+                    os.unlink(os.path.join(self.folder, name))
+                except OSError:
+                    continue
 
     def _writer_gone(self, name: str, modified: float, older_than: float) -> bool:
         found = _TEMP_NAME.fullmatch(name)
@@ -469,24 +479,6 @@ class FolderBlobs:
 
     def remove_temps(self, older_than: float) -> list[str]:
         return [n for n, _, _ in self.temps(older_than) if self.remove_temp(n, older_than)]
-
-    def _remove_temps(self, match: Any, older_than: float | None) -> list[str]:
-        try:
-            names = os.listdir(self.folder)
-        except OSError:
-            return []  # nothing to clean that we can see; never stops a run
-        removed = []
-        for name in names:
-            if not (name.startswith(".") and name.endswith(".tmp") and match(name)):
-                continue
-            path = os.path.join(self.folder, name)
-            try:
-                if older_than is None or os.lstat(path).st_mtime < older_than:
-                    os.unlink(path)
-                    removed.append(name)
-            except OSError:
-                continue
-        return removed
 
 
 # -- housekeeping: gc and doctor ------------------------------------------------------

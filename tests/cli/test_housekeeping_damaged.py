@@ -1,11 +1,14 @@
-"""``gc`` and ``doctor`` beside one task whose stored rows cannot be read.
+"""``gc`` and ``doctor`` beside one task whose stored rows cannot be read, and
+beside entries of the blob folder that are not blobs or cannot be removed.
 
 The blob sweep reads every output that mentions ``"$blob"``. One damaged row
 (nested past any reader, or text that is not UTF-8, as an older version or a
 hand edit could store) is that one task's problem: gc still removes what it
 should and sweeps the blobs nobody refers to, doctor still reports, and the
-blob a sound task refers to is kept. Each ran into a traceback or an exit 5
-for the whole database before.
+blob a sound task refers to is kept. A folder named like a blob is left
+alone; a blob that cannot be removed (a folder this user cannot write) is one
+line and exit 5. Each ran into a traceback (or an exit 5 for the whole
+database) before.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sqlite3
+import subprocess
 import time
 from pathlib import Path
 
@@ -78,3 +82,41 @@ def test_gc_and_doctor_sweep_past_a_damaged_row(sqlite_lab: Lab, case: str) -> N
     # The sound task still reads its blob; the damaged one is that task alone.
     assert lab.cli("status", "big", "--outputs").returncode == 0
     assert lab.cli("status", "t").returncode == 5
+
+
+def test_a_folder_named_like_a_blob_is_left_and_the_sweep_goes_on(sqlite_lab: Lab) -> None:
+    lab = sqlite_lab
+    kept, orphan = _setup(lab, "output")  # no damage: the rows stay as they are
+    planted = "ab" * 32
+    (_blob_folder(lab) / planted).mkdir()
+    old = time.time() - 7200
+    os.utime(_blob_folder(lab) / planted, (old, old))
+    for args in (["doctor", "--fix"], ["gc", "--older-than", "30d"]):
+        result = lab.cli(*args)
+        assert "Traceback" not in result.stderr, result.stderr
+        assert result.returncode == 0, result
+    assert sorted(p.name for p in _blob_folder(lab).iterdir()) == sorted([kept, planted])
+    assert orphan  # removed by doctor --fix above, the folder beside it left alone
+
+
+def test_a_blob_that_cannot_be_removed_is_one_line_exit_5(sqlite_lab: Lab) -> None:
+    lab = sqlite_lab
+    kept, orphan = _setup(lab, "output")
+    folder = _blob_folder(lab)
+    if os.geteuid() == 0:  # root writes anywhere: an immutable folder refuses even root
+        if subprocess.run(["chattr", "+i", str(folder)], check=False).returncode != 0:
+            pytest.skip("chattr +i is not available here")
+    else:
+        folder.chmod(0o500)
+    try:
+        result = lab.cli("gc", "--older-than", "30d")
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(folder)], check=True)
+        folder.chmod(0o700)
+    assert result.returncode == 5, result
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("ninelives: error: cannot remove blob "), lines
+    assert orphan in lines[0]
+    assert sorted(p.name for p in folder.iterdir()) == sorted([kept, orphan])
