@@ -32,6 +32,8 @@ _SPAN_KIND_INTERNAL = 1
 _STATUS_OK = 1
 _STATUS_ERROR = 2
 _SCOPE = "ninelives"
+#: The range of OTLP's ``intValue`` (an int64).
+_INT64 = (-(2**63), 2**63 - 1)
 
 
 def csv_lines(events: Iterable[Event]) -> Iterator[str]:
@@ -69,8 +71,10 @@ def _nanos(ts: float) -> str:
 def _attr(key: str, value: Any) -> dict[str, Any]:
     if isinstance(value, bool):
         return {"key": key, "value": {"boolValue": value}}
-    if isinstance(value, int):
+    if isinstance(value, int) and _INT64[0] <= value <= _INT64[1]:
         return {"key": key, "value": {"intValue": str(value)}}
+    if isinstance(value, int):  # past int64, which a collector refuses to parse: its digits
+        return {"key": key, "value": {"stringValue": str(value)}}
     if isinstance(value, float):
         return {"key": key, "value": {"doubleValue": value}}
     if not isinstance(value, str):
