@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import socket
+import sqlite3
 import struct
 import time
 import urllib.error
@@ -296,3 +297,30 @@ def test_a_browser_that_goes_away_mid_answer_is_no_traceback(lab: Lab, view_of: 
     view.close()
     assert view.proc.stderr is not None
     assert view.proc.stderr.read() == ""
+
+
+def test_metrics_count_a_task_whose_status_is_not_utf8_as_damaged(sqlite_lab: Lab) -> None:
+    # One task's row, as a hand edit or another program could store it: the
+    # scrape still answers for the whole database, that task counted as damaged.
+    lab = sqlite_lab
+    _tasks(lab)
+    conn = sqlite3.connect(lab.root / "state.db")
+    try:
+        conn.execute("UPDATE tasks SET status = CAST(X'646f6e65ff' AS TEXT) WHERE id = 't'")
+        conn.execute("UPDATE steps SET status = CAST(X'646f6e65ff' AS TEXT) WHERE task_id = 'q'")
+        conn.commit()
+    finally:
+        conn.close()
+    view = View(lab)
+    try:
+        code, _, text = view.get("/metrics")
+    finally:
+        view.close()
+    assert code == 200, text
+    values = dict(re.findall(r"^(ninelives_\S+) (\d+)$", text, re.M))
+    assert values['ninelives_tasks{status="damaged"}'] == "1"
+    assert values['ninelives_tasks{status="failed"}'] == "1"
+    assert values['ninelives_tasks{status="pending"}'] == "1"
+    assert values['ninelives_steps{status="damaged"}'] == "3"
+    assert values['ninelives_steps{status="done"}'] == "3"
+    assert values["ninelives_step_recoveries"] == "2"

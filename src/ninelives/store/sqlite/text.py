@@ -53,9 +53,16 @@ def lenient_rows(conn: sqlite3.Connection, query: str, params: dict[str, Any]) -
     """The rows of ``query``, text that is not UTF-8 read as bytes (the row
     readers then find it is not text): for a read of many tasks, so that one
     task's bad text does not hide the others."""
+    with lenient_text(conn):
+        return conn.execute(query, params).fetchall()
+
+
+@contextmanager
+def lenient_text(conn: sqlite3.Connection) -> Iterator[None]:
+    """Reads inside give text that is not UTF-8 as bytes (:func:`lenient_rows`)."""
     conn.text_factory = _text_or_bytes
     try:
-        return conn.execute(query, params).fetchall()
+        yield
     finally:
         conn.text_factory = str
 
