@@ -397,6 +397,8 @@ class FolderBlobs:
             entries = list(os.scandir(self.folder))
         except FileNotFoundError:
             return []
+        except OSError as exc:  # a file or a FIFO where the folder should be
+            raise StoreError(f"blob folder {self.folder} cannot be read: {exc.strerror}") from None
         for entry in entries:
             if re.fullmatch(_HEX64, entry.name):
                 try:

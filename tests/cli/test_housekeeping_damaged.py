@@ -120,3 +120,30 @@ def test_a_blob_that_cannot_be_removed_is_one_line_exit_5(sqlite_lab: Lab) -> No
     assert lines[0].startswith("ninelives: error: cannot remove blob "), lines
     assert orphan in lines[0]
     assert sorted(p.name for p in folder.iterdir()) == sorted([kept, orphan])
+
+
+@pytest.mark.parametrize("kind", ["file", "fifo"])
+def test_a_blob_folder_that_is_not_a_folder_is_one_line_exit_5(sqlite_lab: Lab, kind: str) -> None:
+    lab = sqlite_lab
+    _setup(lab, "output")
+    folder = _blob_folder(lab)
+    for entry in folder.iterdir():
+        entry.unlink()
+    folder.rmdir()
+    if kind == "file":
+        folder.write_text("not a folder")
+    else:
+        os.mkfifo(folder)
+    before = lab.fingerprint()
+    for args in (
+        ["doctor"],
+        ["gc", "--older-than", "30d"],
+        ["gc", "--older-than", "0s", "--dry-run"],
+    ):
+        result = lab.cli(*args, timeout=60)
+        assert result.returncode == 5, result
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1, lines
+        assert lines[0].startswith("ninelives: error: blob folder "), lines
+        assert str(folder) in lines[0], lines
+    assert lab.fingerprint() == before
