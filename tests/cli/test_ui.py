@@ -324,3 +324,35 @@ def test_metrics_count_a_task_whose_status_is_not_utf8_as_damaged(sqlite_lab: La
     assert values['ninelives_steps{status="damaged"}'] == "3"
     assert values['ninelives_steps{status="done"}'] == "3"
     assert values["ninelives_step_recoveries"] == "2"
+
+
+def test_the_api_is_strict_json_for_an_output_an_older_version_stored_with_nan(
+    sqlite_lab: Lab,
+) -> None:
+    # NaN and the infinities are refused when written now, but a row of an older
+    # version (or a hand edit) may hold them: the API gives them as null, as
+    # status --outputs and export do, never as text no JSON parser accepts.
+    lab = sqlite_lab
+    _tasks(lab)
+    conn = sqlite3.connect(lab.root / "state.db")
+    try:
+        conn.execute(
+            'UPDATE steps SET output = \'{"n": NaN, "big": [Infinity, -Infinity, 1.5]}\' '
+            "WHERE task_id = 't' AND idx = 0"
+        )
+        conn.commit()
+    finally:
+        conn.close()
+    view = View(lab)
+    try:
+        code, kind, body = view.get("/api/tasks/t")
+    finally:
+        view.close()
+    assert (code, kind) == (200, "application/json"), body
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    data = json.loads(body, parse_constant=refuse)
+    assert data["outputs"]["0"] == {"n": None, "big": [None, None, 1.5]}
+    assert data["steps"][0]["status"] == "done"

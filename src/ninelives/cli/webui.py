@@ -167,7 +167,10 @@ class Handler(BaseHTTPRequestHandler):
             self._error(404, f"no page at {path}")
 
     def _json(self, data: Any) -> None:
-        body = json.dumps(data, ensure_ascii=False, sort_keys=True).encode()
+        from ..journal import printable_json
+
+        # Strict JSON: a NaN an older version stored is null, as in `status --outputs`.
+        body = printable_json(data, sort_keys=True).encode()
         self._send(200, "application/json", body)
 
     def _error(self, code: int, message: str) -> None:
