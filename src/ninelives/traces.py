@@ -20,6 +20,7 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from .journal import printable_json
 from .models import Event, EventKind, Task
 
 #: The export formats ``ninelives export --format`` accepts.
@@ -49,7 +50,8 @@ def csv_lines(events: Iterable[Event]) -> Iterator[str]:
 
 def _csv_row(event: Event) -> tuple[Any, ...]:
     step = "" if event.step_idx is None else event.step_idx
-    data = json.dumps(event.data, sort_keys=True, ensure_ascii=False)
+    # Strict JSON: a NaN an older version stored is null, as in the JSON Lines export.
+    data = printable_json(event.data, sort_keys=True)
     return (event.seq, repr(event.ts), event.run_id, event.kind, step, data)
 
 
