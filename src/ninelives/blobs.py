@@ -461,7 +461,7 @@ class FolderBlobs:
                 st = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
-            if self._writer_gone(entry.name, st.st_mtime, older_than):
+            if stat.S_ISREG(st.st_mode) and self._writer_gone(entry.name, st.st_mtime, older_than):
                 found.append((entry.name, st.st_size, st.st_mtime))
         return sorted(found)
 

@@ -147,3 +147,28 @@ def test_a_blob_folder_that_is_not_a_folder_is_one_line_exit_5(sqlite_lab: Lab, 
         assert lines[0].startswith("ninelives: error: blob folder "), lines
         assert str(folder) in lines[0], lines
     assert lab.fingerprint() == before
+
+
+def test_a_folder_named_like_a_temporary_file_is_not_reported(sqlite_lab: Lab) -> None:
+    # ninelives makes its temporary files as regular files only: a folder with
+    # such a name is not its to judge (doctor --fix cannot remove it, so doctor
+    # reported it, exit 7, forever).
+    lab = sqlite_lab
+    _setup(lab, "output")
+    old = time.time() - 7200
+    planted = [
+        lab.root / "artifacts" / ".keep.0123456789abcdef.tmp",
+        _blob_folder(lab) / ".big-0.0123456789abcdef.tmp",
+    ]
+    for path in planted:
+        path.mkdir(parents=True)
+        os.utime(path, (old, old))
+    for args in (["doctor", "--fix", "--json"], ["doctor", "--json"]):
+        result = lab.cli(*args)
+        assert "Traceback" not in result.stderr, result.stderr
+        kinds = {f["kind"] for f in result.json()["findings"]}
+        assert not kinds & {"temp", "blob_temp"}, result.stdout
+    gc = lab.cli("gc", "--older-than", "30d", "--json")
+    assert gc.returncode == 0, gc
+    assert gc.json()["temps"] == []
+    assert all(path.is_dir() for path in planted)
