@@ -335,9 +335,7 @@ class FolderBlobs:
     def put(self, chunks: Iterable[bytes], *, tag: str | None = None) -> BlobRef:
         from . import diskio
 
-        if os.path.islink(self.folder):
-            # As for the lock folder: blobs go beside the database, never elsewhere.
-            raise StoreError(f"blob folder {self.folder} is a symlink; refusing to store there")
+        self._refuse_link("store")
         temp = f".{tag or 'blob'}.{os.urandom(8).hex()}.tmp"
         try:
             with self._locked(exclusive=False):
@@ -350,6 +348,11 @@ class FolderBlobs:
                 ) from exc
             raise StoreError(f"cannot store a blob in {self.folder}: {exc.strerror}") from exc
         return BlobRef(published.sha256, published.size)
+
+    def _refuse_link(self, what: str) -> None:
+        if os.path.islink(self.folder):
+            # As for the lock folder: blobs are written and removed beside the database only.
+            raise StoreError(f"blob folder {self.folder} is a symlink; refusing to {what} there")
 
     def _open_checked(self, ref: BlobRef) -> int:
         from . import files
@@ -411,6 +414,7 @@ class FolderBlobs:
 
     def delete(self, sha256: str, older_than: float) -> bool:
         path = self._path(sha256)
+        self._refuse_link("remove blobs")
         with self._locked(exclusive=True):
             try:
                 st = os.lstat(path)
@@ -468,6 +472,7 @@ class FolderBlobs:
     def remove_temp(self, name: str, older_than: float) -> bool:
         if os.sep in name or not _TEMP_NAME.fullmatch(name):
             return False
+        self._refuse_link("remove files")
         path = os.path.join(self.folder, name)
         try:
             if not self._writer_gone(name, os.lstat(path).st_mtime, older_than):

@@ -172,3 +172,22 @@ def test_a_folder_named_like_a_temporary_file_is_not_reported(sqlite_lab: Lab) -
     assert gc.returncode == 0, gc
     assert gc.json()["temps"] == []
     assert all(path.is_dir() for path in planted)
+
+
+def test_a_symlinked_blob_folder_is_never_swept(sqlite_lab: Lab, tmp_path: Path) -> None:
+    # A run refuses to store blobs through a symlinked blob folder (they go
+    # beside the database, never elsewhere); gc and doctor --fix removed files
+    # through it all the same, in whatever folder it points to.
+    lab = sqlite_lab
+    kept, orphan = _setup(lab, "output")
+    elsewhere = tmp_path / "elsewhere"
+    _blob_folder(lab).rename(elsewhere)
+    _blob_folder(lab).symlink_to(elsewhere)
+    for args in (["gc", "--older-than", "30d"], ["doctor", "--fix"]):
+        result = lab.cli(*args)
+        assert result.returncode == 5, result
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1, lines
+        assert "is a symlink" in lines[0], lines
+    assert sorted(p.name for p in elsewhere.iterdir()) == sorted([kept, orphan])
+    assert lab.cli("status", "big", "--outputs").returncode == 0  # reading it still works
