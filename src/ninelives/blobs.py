@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from .errors import BlobDamaged, EffectUnknown, StoreError
 from .errors import BlobUnreadable as BlobUnreadable  # its old home: kept importable
+from .models import load_json
 
 if TYPE_CHECKING:
     from .models import Step, Task
@@ -203,7 +205,7 @@ def resolve_step(step: Step, blobs: Blobs | None) -> Step:
         if blobs is None:
             raise BlobUnreadable("this store has no blob store to read it from")
         data = blobs.read(ref)
-        value = json.loads(data.decode("utf-8"))
+        value = load_json(data.decode("utf-8"))
     except (BlobUnreadable, ValueError) as exc:
         raise BlobDamaged(
             f"{where}: its output blob {ref.sha256} ({ref.size} bytes) cannot be used: {exc}; "
@@ -333,9 +335,7 @@ class FolderBlobs:
     def put(self, chunks: Iterable[bytes], *, tag: str | None = None) -> BlobRef:
         from . import diskio
 
-        if os.path.islink(self.folder):
-            # As for the lock folder: blobs go beside the database, never elsewhere.
-            raise StoreError(f"blob folder {self.folder} is a symlink; refusing to store there")
+        self._refuse_link("store")
         temp = f".{tag or 'blob'}.{os.urandom(8).hex()}.tmp"
         try:
             with self._locked(exclusive=False):
@@ -348,6 +348,11 @@ class FolderBlobs:
                 ) from exc
             raise StoreError(f"cannot store a blob in {self.folder}: {exc.strerror}") from exc
         return BlobRef(published.sha256, published.size)
+
+    def _refuse_link(self, what: str) -> None:
+        if os.path.islink(self.folder):
+            # As for the lock folder: blobs are written and removed beside the database only.
+            raise StoreError(f"blob folder {self.folder} is a symlink; refusing to {what} there")
 
     def _open_checked(self, ref: BlobRef) -> int:
         from . import files
@@ -395,24 +400,31 @@ class FolderBlobs:
             entries = list(os.scandir(self.folder))
         except FileNotFoundError:
             return []
+        except OSError as exc:  # a file or a FIFO where the folder should be
+            raise StoreError(f"blob folder {self.folder} cannot be read: {exc.strerror}") from None
         for entry in entries:
             if re.fullmatch(_HEX64, entry.name):
                 try:
                     st = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
-                found.append((entry.name, st.st_size, st.st_mtime))
+                if stat.S_ISREG(st.st_mode):  # a folder or a link there is no blob of ours
+                    found.append((entry.name, st.st_size, st.st_mtime))
         return sorted(found)
 
     def delete(self, sha256: str, older_than: float) -> bool:
         path = self._path(sha256)
+        self._refuse_link("remove blobs")
         with self._locked(exclusive=True):
             try:
-                if os.lstat(path).st_mtime >= older_than:
+                st = os.lstat(path)
+                if not stat.S_ISREG(st.st_mode) or st.st_mtime >= older_than:
                     return False
                 os.unlink(path)
             except FileNotFoundError:
                 return False
+            except OSError as exc:  # a folder this user cannot write, a read-only mount
+                raise StoreError(f"cannot remove blob {path}: {exc.strerror}") from None
         from .diskio import fsync_dir
 
         fsync_dir(self.folder)
@@ -420,11 +432,16 @@ class FolderBlobs:
 
     def remove_orphans(self, task_id: str) -> None:
         prefix = f".{task_id}-"  # a prefix test first: no pattern compiled per task
-
-        def match(name: str) -> bool:
-            return name.startswith(prefix) and _TEMP_TAIL.fullmatch(name, len(prefix)) is not None
-
-        self._remove_temps(match, None)
+        try:
+            names = os.listdir(self.folder)
+        except OSError:
+            return  # nothing to clean that we can see; never stops a run
+        for name in names:
+            if name.startswith(prefix) and _TEMP_TAIL.fullmatch(name, len(prefix)) is not None:
+                try:
+                    os.unlink(os.path.join(self.folder, name))
+                except OSError:
+                    continue
 
     def _writer_gone(self, name: str, modified: float, older_than: float) -> bool:
         found = _TEMP_NAME.fullmatch(name)
@@ -448,13 +465,14 @@ class FolderBlobs:
                 st = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
-            if self._writer_gone(entry.name, st.st_mtime, older_than):
+            if stat.S_ISREG(st.st_mode) and self._writer_gone(entry.name, st.st_mtime, older_than):
                 found.append((entry.name, st.st_size, st.st_mtime))
         return sorted(found)
 
     def remove_temp(self, name: str, older_than: float) -> bool:
         if os.sep in name or not _TEMP_NAME.fullmatch(name):
             return False
+        self._refuse_link("remove files")
         path = os.path.join(self.folder, name)
         try:
             if not self._writer_gone(name, os.lstat(path).st_mtime, older_than):
@@ -468,24 +486,6 @@ class FolderBlobs:
 
     def remove_temps(self, older_than: float) -> list[str]:
         return [n for n, _, _ in self.temps(older_than) if self.remove_temp(n, older_than)]
-
-    def _remove_temps(self, match: Any, older_than: float | None) -> list[str]:
-        try:
-            names = os.listdir(self.folder)
-        except OSError:
-            return []  # nothing to clean that we can see; never stops a run
-        removed = []
-        for name in names:
-            if not (name.startswith(".") and name.endswith(".tmp") and match(name)):
-                continue
-            path = os.path.join(self.folder, name)
-            try:
-                if older_than is None or os.lstat(path).st_mtime < older_than:
-                    os.unlink(path)
-                    removed.append(name)
-            except OSError:
-                continue
-        return removed
 
 
 # -- housekeeping: gc and doctor ------------------------------------------------------
@@ -521,12 +521,13 @@ def references(store: Any) -> list[Reference]:
                 continue  # check() reports it; its contents are unknown
             if REF_KEY.encode() not in body:
                 continue
-            value: Any = json.loads(body.decode("utf-8"))
-        else:
-            try:
-                value = json.loads(text)
-            except ValueError:
-                continue
+            text = body.decode("utf-8", "replace")
+        try:
+            # Depth-checked: a row nested past any reader (an older version, a
+            # hand edit) is that task damaged, not a gc or doctor that crashes.
+            value: Any = load_json(text)
+        except ValueError:
+            continue
         if isinstance(value, dict) and len(value) == 1 and isinstance(value.get(RAW_KEY), dict):
             # An escaped output: its top level only looked like a reference.
             value = list(value[RAW_KEY].values())

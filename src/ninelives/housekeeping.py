@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -396,7 +397,8 @@ def _temp_files(store: Any, artifacts: str, now: float) -> list[Finding]:
                 st = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
-            if now - st.st_mtime >= TEMP_AGE:
+            # Temporary files are regular files: a folder so named is not ours to remove.
+            if stat.S_ISREG(st.st_mode) and now - st.st_mtime >= TEMP_AGE:
                 found.append(
                     Finding("temp", entry.path,
                             f"orphaned temporary file, {(now - st.st_mtime) / 3600:.1f} h old",

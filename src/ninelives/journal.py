@@ -141,14 +141,14 @@ def clean_error(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def printable_json(value: Any) -> str:
-    """JSON for people and pipes (``status --outputs``, ``export``): UTF-8 kept,
-    and valid even for rows written before NaN was refused (those numbers are
-    printed as ``null``)."""
+def printable_json(value: Any, *, sort_keys: bool = False) -> str:
+    """JSON for people and pipes (``status --outputs``, ``export``, the web
+    view's API): UTF-8 kept, and valid even for rows written before NaN was
+    refused (those numbers are printed as ``null``)."""
     try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+        return json.dumps(value, ensure_ascii=False, allow_nan=False, sort_keys=sort_keys)
     except ValueError:
-        return json.dumps(_finite(value), ensure_ascii=False, allow_nan=False)
+        return json.dumps(_finite(value), ensure_ascii=False, allow_nan=False, sort_keys=sort_keys)
 
 
 def _finite(value: Any) -> Any:

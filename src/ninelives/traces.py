@@ -20,6 +20,7 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from .journal import printable_json
 from .models import Event, EventKind, Task
 
 #: The export formats ``ninelives export --format`` accepts.
@@ -32,6 +33,8 @@ _SPAN_KIND_INTERNAL = 1
 _STATUS_OK = 1
 _STATUS_ERROR = 2
 _SCOPE = "ninelives"
+#: The range of OTLP's ``intValue`` (an int64).
+_INT64 = (-(2**63), 2**63 - 1)
 
 
 def csv_lines(events: Iterable[Event]) -> Iterator[str]:
@@ -47,7 +50,8 @@ def csv_lines(events: Iterable[Event]) -> Iterator[str]:
 
 def _csv_row(event: Event) -> tuple[Any, ...]:
     step = "" if event.step_idx is None else event.step_idx
-    data = json.dumps(event.data, sort_keys=True, ensure_ascii=False)
+    # Strict JSON: a NaN an older version stored is null, as in the JSON Lines export.
+    data = printable_json(event.data, sort_keys=True)
     return (event.seq, repr(event.ts), event.run_id, event.kind, step, data)
 
 
@@ -69,8 +73,10 @@ def _nanos(ts: float) -> str:
 def _attr(key: str, value: Any) -> dict[str, Any]:
     if isinstance(value, bool):
         return {"key": key, "value": {"boolValue": value}}
-    if isinstance(value, int):
+    if isinstance(value, int) and _INT64[0] <= value <= _INT64[1]:
         return {"key": key, "value": {"intValue": str(value)}}
+    if isinstance(value, int):  # past int64, which a collector refuses to parse: its digits
+        return {"key": key, "value": {"stringValue": str(value)}}
     if isinstance(value, float):
         return {"key": key, "value": {"doubleValue": value}}
     if not isinstance(value, str):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sqlite3
 from typing import Any
 
 from google.protobuf import json_format
@@ -180,3 +181,57 @@ def test_the_documented_pipeline_posts_the_trace_to_an_otlp_http_receiver(lab: L
     assert (path, content_type) == ("/v1/traces", "application/json")
     _, request = _parse_otlp(body.decode())
     assert len(request.resource_spans[0].scope_spans[0].spans) == 10
+
+
+def test_an_integer_past_int64_in_the_journal_is_a_string_attribute(lab: Lab) -> None:
+    # A workflow's result is any JSON value, an integer of any size among them;
+    # OTLP's intValue is an int64, which a collector refuses to parse past
+    # its range (the whole trace with it). Such a number is given as text.
+    lab.write(
+        "wf.py",
+        "import ninelives\n\n\n"
+        '@ninelives.workflow("big")\n'
+        "def big(ctx, n):\n"
+        '    return ctx.step("calc", lambda: n) * 10**30\n',
+    )
+    created = lab.cli("--tools", "wf", "create", "w", "--workflow", "big", "--args", "[3]")
+    assert created.returncode == 0, created.stderr
+    assert lab.cli("--tools", "wf", "run", "w").returncode == 0
+    exported = lab.cli("export", "w", "--format", "otlp-json")
+    assert exported.returncode == 0, exported.stderr
+    data, request = _parse_otlp(exported.stdout)
+    spans = data["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    done = [e for s in spans for e in s.get("events", []) if e["name"] == "task_done"]
+    assert len(done) == 1
+    result = {a["key"]: a["value"] for a in done[0]["attributes"]}["ninelives.result"]
+    assert result == {"stringValue": str(3 * 10**30)}
+    assert len(request.resource_spans[0].scope_spans[0].spans) == len(spans)
+
+
+def test_csv_data_is_strict_json_for_an_event_an_older_version_stored_with_nan(
+    sqlite_lab: Lab,
+) -> None:
+    # The data column is JSON: a NaN or an infinity of an older version's row
+    # (or a hand edit) is null there, as in the JSON Lines export.
+    lab = sqlite_lab
+    _killed_twice(lab)
+    conn = sqlite3.connect(lab.root / "state.db")
+    try:
+        conn.execute(
+            'UPDATE events SET data = \'{"tool": "fetch", "x": NaN, "y": [-Infinity]}\' '
+            "WHERE kind = 'step_finished' AND step_idx = 0"
+        )
+        conn.commit()
+    finally:
+        conn.close()
+    exported = lab.cli("export", "t", "--format", "csv")
+    assert exported.returncode == 0, exported.stderr
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    rows = list(csv.DictReader(io.StringIO(exported.stdout)))
+    data = [json.loads(row["data"], parse_constant=refuse) for row in rows]
+    assert {"tool": "fetch", "x": None, "y": [None]} in data
+    jsonl = [e for e in lab.cli("export", "t").jsonl() if e["kind"] == "step_finished"]
+    assert {"x": None, "y": [None]}.items() <= jsonl[0].items()

@@ -219,3 +219,36 @@ def test_verify_escapes_the_names_it_reports(lab: Lab) -> None:
 def test_printable_escapes_controls_and_keeps_text() -> None:
     assert printable("a\x1bb\nc\td\u202e") == "a\\x1bb\\nc\\td\\u202e"
     assert printable("Résumé — ok ✓") == "Résumé — ok ✓"
+
+
+@pytest.mark.parametrize("where", ["gone", "full", "closed"])
+def test_gc_whose_output_fails_still_removes_every_batch(sqlite_lab: Lab, where: str) -> None:
+    # gc prints each batch once committed; a stdout that fails stops the
+    # printing, never the gc: the other batches (and the blob sweep) still go.
+    lab = sqlite_lab
+    lab.write("input/notes.txt", SUMMARY_NOTES)
+    fetch = {"tool": "fetch", "input": {"path": "input/notes.txt"}}
+    lab.write_plan({"goal": "g", "steps": [fetch]})
+    for n in range(4):
+        assert lab.cli("create", f"t{n}", "plan.json").returncode == 0
+        assert lab.cli("run", f"t{n}", "-q").returncode == 0
+    args = ["gc", "--older-than", "0s", "--batch", "1"]
+    if where == "gone":
+        proc = subprocess.Popen(
+            lab.argv(args), cwd=lab.root, env=lab.env(), stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert proc.stdout is not None
+        proc.stdout.close()
+        _, err = proc.communicate(timeout=120)
+        assert (proc.returncode, err) == (0, "")
+    else:
+        if where == "full":
+            with open("/dev/full", "w") as full:
+                result = run_to(lab, args, full)
+        else:
+            result = run_closed(lab, args)
+        assert result.returncode == OUTPUT_FAILED, result
+        assert result.stderr.count("\n") == 1, result.stderr
+        assert result.stderr.startswith("ninelives: error: cannot write to stdout: ")
+    assert lab.cli("ls", "--json").stdout == ""  # every task removed

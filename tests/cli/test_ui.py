@@ -7,6 +7,9 @@ import json
 import os
 import re
 import shutil
+import socket
+import sqlite3
+import struct
 import time
 import urllib.error
 import urllib.request
@@ -272,3 +275,84 @@ def test_metrics_histogram_of_step_durations(lab: Lab, view_of: Any) -> None:
         assert finished in text.splitlines()
     started = len(paired) + 2  # and the two attempts killed before they ended
     assert f"ninelives_steps_started_total {started}" in text.splitlines()
+
+
+def test_a_browser_that_goes_away_mid_answer_is_no_traceback(lab: Lab, view_of: Any) -> None:
+    # An answer far larger than a socket buffer (a 500 kB output in the API's
+    # JSON), its reader gone at once (a closed tab, a reload): the write fails
+    # with EPIPE or ECONNRESET, which is no error of the view.
+    lab.write("input/big.txt", "x" * 500_000)
+    lab.write_plan({"goal": "g", "steps": [{"tool": "fetch", "input": {"path": "input/big.txt"}}]})
+    assert lab.cli("create", "big", "plan.json").returncode == 0
+    assert lab.cli("run", "big", "-q").returncode == 0
+    view = view_of()
+    port = int(view.base.rsplit(":", 1)[1].strip("/"))
+    for _ in range(5):
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(f"GET /api/tasks/big HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+            # Closed with a reset, unread: the server's next write fails.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    time.sleep(0.5)
+    assert len(view.json("/api/tasks/big")["outputs"]["0"]["text"]) == 500_000  # still serving
+    view.close()
+    assert view.proc.stderr is not None
+    assert view.proc.stderr.read() == ""
+
+
+def test_metrics_count_a_task_whose_status_is_not_utf8_as_damaged(sqlite_lab: Lab) -> None:
+    # One task's row, as a hand edit or another program could store it: the
+    # scrape still answers for the whole database, that task counted as damaged.
+    lab = sqlite_lab
+    _tasks(lab)
+    conn = sqlite3.connect(lab.root / "state.db")
+    try:
+        conn.execute("UPDATE tasks SET status = CAST(X'646f6e65ff' AS TEXT) WHERE id = 't'")
+        conn.execute("UPDATE steps SET status = CAST(X'646f6e65ff' AS TEXT) WHERE task_id = 'q'")
+        conn.commit()
+    finally:
+        conn.close()
+    view = View(lab)
+    try:
+        code, _, text = view.get("/metrics")
+    finally:
+        view.close()
+    assert code == 200, text
+    values = dict(re.findall(r"^(ninelives_\S+) (\d+)$", text, re.M))
+    assert values['ninelives_tasks{status="damaged"}'] == "1"
+    assert values['ninelives_tasks{status="failed"}'] == "1"
+    assert values['ninelives_tasks{status="pending"}'] == "1"
+    assert values['ninelives_steps{status="damaged"}'] == "3"
+    assert values['ninelives_steps{status="done"}'] == "3"
+    assert values["ninelives_step_recoveries"] == "2"
+
+
+def test_the_api_is_strict_json_for_an_output_an_older_version_stored_with_nan(
+    sqlite_lab: Lab,
+) -> None:
+    # NaN and the infinities are refused when written now, but a row of an older
+    # version (or a hand edit) may hold them: the API gives them as null, as
+    # status --outputs and export do, never as text no JSON parser accepts.
+    lab = sqlite_lab
+    _tasks(lab)
+    conn = sqlite3.connect(lab.root / "state.db")
+    try:
+        conn.execute(
+            'UPDATE steps SET output = \'{"n": NaN, "big": [Infinity, -Infinity, 1.5]}\' '
+            "WHERE task_id = 't' AND idx = 0"
+        )
+        conn.commit()
+    finally:
+        conn.close()
+    view = View(lab)
+    try:
+        code, kind, body = view.get("/api/tasks/t")
+    finally:
+        view.close()
+    assert (code, kind) == (200, "application/json"), body
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    data = json.loads(body, parse_constant=refuse)
+    assert data["outputs"]["0"] == {"n": None, "big": [None, None, 1.5]}
+    assert data["steps"][0]["status"] == "done"

@@ -87,7 +87,7 @@ def _ls_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from ..errors import InputError
+    from ..errors import InputError, OutputFailed
     from ..housekeeping import FINISHED, gc, parse_duration, parse_statuses
 
     older_than = parse_duration(args.older_than)
@@ -95,12 +95,19 @@ def cmd_gc(args: argparse.Namespace) -> int:
     if not 1 <= args.batch <= 100000:
         raise InputError(f"--batch must be 1-100000, got {args.batch}")
     verb = "would remove" if args.dry_run else "removed"
+    # Output that cannot be written (a reader gone, `gc | head`; a full disk)
+    # ends the printing, not the gc: raised once every batch and the sweep are done.
+    lost: list[Exception] = []
 
     def progress(batch: list[tuple[str, str]]) -> None:
-        if not args.json:
+        if args.json or lost:
+            return
+        try:
             for task_id, status in batch:
                 out(printable(f"{verb} {task_id} ({status})"))
             flush()
+        except (BrokenPipeError, OutputFailed) as exc:
+            lost.append(exc)
 
     store: Any = open_existing(args, write=not args.dry_run)
     try:
@@ -108,6 +115,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
                     batch=args.batch, progress=progress)  # fmt: skip
     finally:
         store.close()
+    if lost:
+        raise lost[0]
     if args.json:
         out(json_line(report.as_json()))
         return 0

@@ -167,7 +167,10 @@ class Handler(BaseHTTPRequestHandler):
             self._error(404, f"no page at {path}")
 
     def _json(self, data: Any) -> None:
-        body = json.dumps(data, ensure_ascii=False, sort_keys=True).encode()
+        from ..journal import printable_json
+
+        # Strict JSON: a NaN an older version stored is null, as in `status --outputs`.
+        body = printable_json(data, sort_keys=True).encode()
         self._send(200, "application/json", body)
 
     def _error(self, code: int, message: str) -> None:
@@ -357,6 +360,19 @@ class Server(ThreadingHTTPServer):
         self.viewer = viewer
         port = self.server_address[1]
         self.hosts = {f"{n}:{port}" for n in names} | {f"[{n}]:{port}" for n in names}
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A request that raised: one line on stderr, never the traceback
+        :mod:`socketserver` prints; a reader that went away mid-answer (a closed
+        tab, a reload: EPIPE, ECONNRESET, a timeout) is no error at all."""
+        import sys
+
+        from .output import say
+
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            return
+        say(f"ninelives: error: ui: a request from {client_address[0]} failed: {exc!r}")
 
 
 def serve(

@@ -26,12 +26,12 @@ from ...locking import (
     lock_folder,
     remove_lock,
 )
-from ...models import Deleted, MetricCounts, TaskHold, TaskSummary, step_durations
+from ...models import DAMAGED, Deleted, MetricCounts, TaskHold, TaskSummary, step_durations
 from .. import sql
 from ..housekeeping import LocalFiles
 from ..rules import newest_first
 from .files import resolved_folder
-from .text import rows_of_tasks, shown
+from .text import lenient_text, rows_of_tasks, shown, undecodable
 
 Q = sql.load_queries("sqlite")
 T = TypeVar("T")
@@ -76,7 +76,7 @@ class SQLiteHousekeeping:
         """Tasks and steps by status, all attempts, all recoveries (``/metrics``)."""
         if self._empty:
             return MetricCounts({}, {}, 0, 0)
-        return self._reading(_metric_counts)
+        return self._reading(_lenient_metric_counts)
 
     def tasks_in_status(self, status: str) -> list[TaskHold]:
         """The tasks of ``status`` with their epoch (no lease expires on SQLite)."""
@@ -266,12 +266,29 @@ class SQLiteHousekeepingWrites(SQLiteHousekeeping):
             os.close(fd)
 
 
+def _lenient_metric_counts(conn: sqlite3.Connection) -> MetricCounts:
+    """:func:`_metric_counts`; a status that is not UTF-8 (a hand edit, another
+    program) is counted as ``damaged``, not a scrape that fails for every task."""
+    try:
+        return _metric_counts(conn)
+    except sqlite3.OperationalError as exc:
+        if not undecodable(exc):
+            raise
+    with lenient_text(conn):
+        return _metric_counts(conn)
+
+
 def _metric_counts(conn: Any) -> MetricCounts:
     """The counts of ``/metrics`` in one read (a DB-API connection of either store)."""
-    tasks = {str(r[0]): int(r[1]) for r in conn.execute(Q["metric_tasks"])}
-    steps, attempts = {}, 0
+    tasks: dict[str, int] = {}
+    for status, count in conn.execute(Q["metric_tasks"]):
+        label = status if isinstance(status, str) else DAMAGED
+        tasks[label] = tasks.get(label, 0) + int(count)
+    steps: dict[str, int] = {}
+    attempts = 0
     for status, count, tried in conn.execute(Q["metric_steps"]):
-        steps[str(status)] = int(count)
+        label = status if isinstance(status, str) else DAMAGED
+        steps[label] = steps.get(label, 0) + int(count)
         attempts += int(tried)
     recoveries = int(conn.execute(Q["metric_recoveries"]).fetchone()[0])
     started, durations = step_durations(conn.execute(Q["metric_durations"]).fetchall())

@@ -48,7 +48,7 @@ from .files import (
     resolved_folder,
 )
 from .housekeeping import SQLiteHousekeeping
-from .text import utf8_rows
+from .text import blob_rows, utf8_rows
 
 Q = sql.load_queries("sqlite")
 T = TypeVar("T")
@@ -296,9 +296,7 @@ class SQLiteReader(ReadOnly, SQLiteHousekeeping):
         """``(task_id, idx, output)`` of every output that is, or holds, a blob reference."""
         if self._empty:
             return []
-        return self._reading(
-            lambda conn: [(str(r[0]), int(r[1]), str(r[2])) for r in conn.execute(Q["blob_rows"])]
-        )
+        return self._reading(lambda conn: blob_rows(conn, Q["blob_rows"]))
 
     def integrity_problems(self) -> list[str]:
         """``PRAGMA quick_check`` findings; empty when the file is sound."""

@@ -50,7 +50,7 @@ from .files import (
     quick_check_findings,
     stored_folder,
 )
-from .text import rows_of_tasks, shown, utf8_rows
+from .text import blob_rows, rows_of_tasks, shown, utf8_rows
 
 if TYPE_CHECKING:
     from ...plan import Plan
@@ -582,7 +582,7 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
         """``(task_id, idx, output)`` of every output that is, or holds, a blob
         reference (:func:`ninelives.blobs.references`)."""
         with self._read() as conn:
-            return [(str(r[0]), int(r[1]), str(r[2])) for r in conn.execute(Q["blob_rows"])]
+            return blob_rows(conn, Q["blob_rows"])
 
     def integrity_problems(self) -> list[str]:
         """``PRAGMA quick_check`` findings; empty when the file is sound.

@@ -53,9 +53,16 @@ def lenient_rows(conn: sqlite3.Connection, query: str, params: dict[str, Any]) -
     """The rows of ``query``, text that is not UTF-8 read as bytes (the row
     readers then find it is not text): for a read of many tasks, so that one
     task's bad text does not hide the others."""
+    with lenient_text(conn):
+        return conn.execute(query, params).fetchall()
+
+
+@contextmanager
+def lenient_text(conn: sqlite3.Connection) -> Iterator[None]:
+    """Reads inside give text that is not UTF-8 as bytes (:func:`lenient_rows`)."""
     conn.text_factory = _text_or_bytes
     try:
-        return conn.execute(query, params).fetchall()
+        yield
     finally:
         conn.text_factory = str
 
@@ -83,3 +90,23 @@ def _text_or_bytes(raw: bytes) -> str | bytes:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
         return raw
+
+
+def blob_rows(conn: sqlite3.Connection, query: str) -> list[tuple[str, int, str]]:
+    """The rows of ``blob_rows`` (``task_id, idx, output``) for gc and doctor:
+    an output that is not UTF-8 (or a BLOB) is given with its bad bytes
+    replaced, so that the references it still holds are kept and one damaged
+    task does not stop the sweep of the whole database."""
+    try:
+        rows = conn.execute(query).fetchall()
+    except sqlite3.OperationalError as exc:
+        if not undecodable(exc):
+            raise
+        rows = lenient_rows(conn, query, {})
+    return [(_as_text(r[0]), int(r[1]), _as_text(r[2])) for r in rows]
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
