@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -242,3 +243,29 @@ def test_a_worker_parks_a_refused_step_and_goes_on(lab: Lab) -> None:
     assert finished.returncode == 0, finished
     assert effects(lab) == 1
     assert _verified(lab)["status"] == "done"
+
+
+@pytest.mark.slow
+def test_a_cancel_while_the_probe_asks_stops_the_run_with_9(lab: Lab) -> None:
+    """A cancel that lands while a recovered step's probe is asking: the run's
+    commit of the answer finds the task cancelled and ends with exit 9 and the
+    cancel's line (it was exit 3, "taken over by another runner"); the step
+    stays as the cancel found it and nothing else is journaled after it."""
+    _setup(lab, "charge_slow_probe")
+    _killed_at(lab, "after_effect")
+    runner = lab.spawn("run", TASK)
+    deadline = time.monotonic() + 30
+    while not (lab.root / "probing").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert lab.cli("cancel", TASK, "--reason", "not needed").returncode == 0
+    (lab.root / "probe-go").write_text("1", encoding="utf-8")
+    _, err = runner.communicate(timeout=60)
+    assert runner.returncode == 9, err
+    assert err.strip().splitlines()[-1].startswith(f"ninelives: error: task {TASK!r} was cancelled")
+    status = lab.cli("status", TASK, "--json").json()
+    assert status["status"] == "cancelled"
+    assert kinds(lab)[-1] == "task_cancelled"
+    assert effects(lab) == 1
+    assert lab.cli("verify", TASK).returncode == 0
+    again = lab.cli("run", TASK)
+    assert again.returncode == 9, again

@@ -270,7 +270,8 @@ class Runner(Protocol):
         """Park step ``idx`` (``pending`` or ``running``) and its task as ``status``
         (``blocked`` or ``waiting``), journaling ``step_blocked`` or ``step_waiting``
         with ``data``, in one transaction. :class:`StoreError` (nothing written)
-        if the step is neither pending nor running. Fenced."""
+        if the step is neither pending nor running. Fenced; a cancelled task
+        raises :class:`~ninelives.errors.TaskCancelled`, nothing written."""
         ...
 
     def settle_step(
@@ -281,7 +282,9 @@ class Runner(Protocol):
         (JSON text) the step is ``done`` with it and ``step_reconciled``; with
         ``block`` (a reason) step and task are ``blocked`` with ``step_blocked``;
         with neither the step is ``pending`` to run again. One transaction;
-        :class:`StoreError` if the step is not running. Fenced."""
+        :class:`StoreError` if the step is not running. Fenced; a cancelled task
+        raises :class:`~ninelives.errors.TaskCancelled`, nothing written (the
+        step stays ``running``, as the cancel found it)."""
         ...
 
 

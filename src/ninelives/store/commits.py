@@ -516,15 +516,17 @@ class SharedCommits:
             tx.fence(run, TaskStatus.DONE)
             tx.event(run.task_id, run.run_id, EventKind.TASK_DONE, None, data)
 
+    # Parking and a probe's answer are a runner's commits like the others: a
+    # cancel that landed before them is TaskCancelled (exit 9), not LeaseLost.
     def park_step(self, run: Run, idx: int, status: StepStatus, data: dict[str, Any]) -> None:
-        with self.fenced(run) as tx:
+        with self._cancel_aware(run), self.fenced(run) as tx:
             tx.fence(run, TaskStatus(status.value))
             park(tx, run.task_id, run.run_id, idx, status, data)
 
     def settle_step(
         self, run: Run, idx: int, *, output: str | None = None, block: str | None = None
     ) -> None:
-        with self.fenced(run) as tx:
+        with self._cancel_aware(run), self.fenced(run) as tx:
             settle(tx, run, idx, output=output, block=block)
 
     def decide_step(self, task_id: str, run_id: str, idx: int, decision: Decision) -> Task:
