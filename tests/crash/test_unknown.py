@@ -269,3 +269,27 @@ def test_a_cancel_while_the_probe_asks_stops_the_run_with_9(lab: Lab) -> None:
     assert lab.cli("verify", TASK).returncode == 0
     again = lab.cli("run", TASK)
     assert again.returncode == 9, again
+
+
+@pytest.mark.slow
+def test_a_probe_that_finds_nothing_counts_toward_the_recovery_limit(lab: Lab) -> None:
+    """A step whose process dies every time it runs fails its task at
+    ``NINELIVES_MAX_RECOVERIES`` under ``probe`` as under ``rerun``: the probe's
+    "did not happen" is a recovery to run it again. It was run again forever,
+    and ``verify`` (which counts every ``step_recovered``) reported it."""
+    _setup(lab, "charge_probe")
+    lab.base_env["NINELIVES_MAX_RECOVERIES"] = "1"
+    _killed_at(lab, "before_effect")
+    _killed_at(lab, "before_effect")  # recovery 1: the probe finds nothing, it runs again
+    failed = lab.cli("run", TASK, AGENT_CRASH_AT="before_effect:0")  # recovery 2: past it
+    assert failed.returncode == 2, failed
+    assert "NINELIVES_MAX_RECOVERIES" in failed.stderr.strip().splitlines()[-1]
+    status = _verified(lab)
+    assert status["status"] == "failed"
+    assert [s["status"] for s in status["steps"]] == ["failed"]  # type: ignore[index]
+    assert kinds(lab)[-2:] == ["step_recovered", "task_failed"]
+    assert effects(lab) == 0
+    assert lab.cli("run", TASK).returncode == 2
+    assert lab.cli("retry", TASK).returncode == 0
+    assert lab.cli("run", TASK).returncode == 0
+    assert effects(lab) == 1
