@@ -293,3 +293,38 @@ def test_a_probe_that_finds_nothing_counts_toward_the_recovery_limit(lab: Lab) -
     assert lab.cli("retry", TASK).returncode == 0
     assert lab.cli("run", TASK).returncode == 0
     assert effects(lab) == 1
+
+
+@pytest.mark.slow
+def test_verify_agrees_with_a_person_running_a_step_again_past_the_recovery_limit(
+    lab: Lab,
+) -> None:
+    """The recovery limit stops the runner from running a step again by itself;
+    ``retry`` (after the limit failed the task) and ``resolve --retry`` (a
+    ``refuse`` step) are a person's decision to run it again. ``verify`` counted
+    every ``step_recovered`` and called those runs a violation."""
+    lab.base_env["NINELIVES_MAX_RECOVERIES"] = "1"
+    _setup(lab, "charge_rerun")
+    for _ in range(2):
+        _killed_at(lab, "before_effect")
+    assert lab.cli("run", TASK).returncode == 2  # recovered twice: past the limit
+    assert lab.cli("retry", TASK).returncode == 0
+    _killed_at(lab, "before_effect")
+    assert lab.cli("run", TASK).returncode == 2  # the runner still does not run it again
+    assert _verified(lab)["status"] == "failed"
+    assert effects(lab) == 0
+
+
+@pytest.mark.slow
+def test_verify_agrees_with_resolve_retry_of_a_refused_step_past_the_recovery_limit(
+    lab: Lab,
+) -> None:
+    lab.base_env["NINELIVES_MAX_RECOVERIES"] = "1"
+    _setup(lab, "charge_refuse")
+    for _ in range(3):
+        _killed_at(lab, "before_effect")
+        assert lab.cli("run", TASK).returncode == 8  # blocked: the runner runs nothing
+        assert lab.cli("resolve", TASK, "0", "--retry").returncode == 0
+    assert lab.cli("run", TASK).returncode == 0
+    assert effects(lab) == 1
+    assert _verified(lab)["status"] == "done"
