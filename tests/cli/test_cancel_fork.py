@@ -130,6 +130,11 @@ def test_a_later_run_of_a_cancelled_task_is_9_while_its_runner_sleeps_a_backoff(
     assert again.stderr.startswith("ninelives: error: task 't' was cancelled"), again.stderr
     assert again.stderr.count("\n") == 1
     assert _stored(lab) == before
+    # retry does not apply to a cancelled task (exit 4), whoever still holds it.
+    refused = lab.cli("retry", "t")
+    assert refused.returncode == 4, refused
+    assert "is cancelled" in refused.stderr
+    assert _stored(lab) == before
     assert runner.poll() is None  # still asleep: what answered was the cancel, not its end
     runner.kill()
     runner.communicate(timeout=30)

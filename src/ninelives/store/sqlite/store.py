@@ -559,7 +559,9 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
         try:
             check(found)
         except InputError:
-            if is_held(self.path, task_id):
+            # Busy says more than the refusal while a runner may still move the
+            # task on; a cancelled task never moves again, whoever holds it.
+            if found.status is not TaskStatus.CANCELLED and is_held(self.path, task_id):
                 raise TaskBusy(f"task {task_id!r} is being run by another process") from None
             raise
         lock = self._lock(task_id)
