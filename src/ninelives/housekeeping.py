@@ -29,9 +29,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import InputError
+from .errors import InputError, StoreError
 from .locking import BLOBS_LOCK, TASK_LOCK_NAME, lock_path
-from .models import TaskStatus
+from .models import StepStatus, TaskStatus
 
 #: The statuses a task never leaves by itself: the only ones gc deletes.
 FINISHED = (TaskStatus.DONE.value, TaskStatus.FAILED.value, TaskStatus.CANCELLED.value)
@@ -314,7 +314,7 @@ def _findings(store: Any, artifacts: str, now: float) -> list[Finding]:
             Finding("dangling", store.url, f"{what} of tasks that no longer exist",
                     "ninelives doctor --fix (deletes them)", fixable=True)
         )  # fmt: skip
-    findings += _running(store)
+    findings += _running(store, now)
     findings += _leases(store)
     findings += _lock_files(store)
     findings += _temp_files(store, artifacts, now)
@@ -322,10 +322,12 @@ def _findings(store: Any, artifacts: str, now: float) -> list[Finding]:
     return findings
 
 
-def _running(store: Any) -> list[Finding]:
+def _running(store: Any, now: float) -> list[Finding]:
     found = []
     local = store.local_files()
     for hold in store.tasks_in_status(TaskStatus.RUNNING.value):
+        if hold.queue is not None and _released_into_a_wait(store, hold.id, now):
+            continue
         if local is not None:  # a kernel lock holds a running task, not a lease
             if local.is_held(hold.id):
                 continue
@@ -343,6 +345,23 @@ def _running(store: Any) -> list[Finding]:
                     f"ninelives run {hold.id}")
         )  # fmt: skip
     return found
+
+
+def _released_into_a_wait(store: Any, task_id: str, now: float) -> bool:
+    """Whether a queued task is held by no one because its worker released it
+    into a wait (a backoff longer than ``--poll``, a workflow's ``ctx.sleep``):
+    no step running and one not due yet. Workers claim it when due; nothing
+    died, and ``run`` would only sleep out the wait."""
+    try:
+        steps = store.get_task(task_id).steps
+    except StoreError:  # damaged: reported for what it is elsewhere
+        return False
+    if any(s.status is StepStatus.RUNNING for s in steps):
+        return False
+    return any(
+        s.status is StepStatus.PENDING and s.not_before is not None and s.not_before > now
+        for s in steps
+    )
 
 
 def _leases(store: Any) -> list[Finding]:

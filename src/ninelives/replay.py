@@ -178,7 +178,13 @@ class WorkflowContext(ChatCalls):
         if threading.get_ident() != self._thread:
             raise PlanError("ctx.step was called from another thread: call steps from the workflow")
         if CURRENT.get() is not None:
-            raise PlanError("ctx.step was called inside a step: steps do not nest")
+            # The code's error, not the running step's: kept on the context, so
+            # that step is neither retried nor failed for it (see _failed).
+            self.dead = WorkflowError(
+                f"task {self.task_id!r}: ctx.step was called inside a step: steps do not "
+                "nest; the step running is left as it was: fix the code and run again"
+            )
+            raise self.dead
         if self.running is not None:
             raise PlanError(
                 f"a step was called while step {self.running.idx} ({self.running.tool!r}) "
@@ -359,7 +365,11 @@ class WorkflowContext(ChatCalls):
         return self._tool_context(step, attempt)
 
     def _failed(self, step: Step, attempt: int, exc: BaseException, limits: Limits) -> int:
-        """Record the attempt's step_error; the next attempt once its wait is over."""
+        """Record the attempt's step_error; the next attempt once its wait is over.
+        An error the step's code met in the runtime (a step called inside it, the
+        task cancelled) ends the run instead, the attempt left as it stands."""
+        if self.dead is not None:
+            raise self.dead from None
         assert self._rt is not None
         assert self._run is not None
         try:

@@ -99,6 +99,47 @@ def test_cancel_from_another_process_stops_the_runner_before_its_next_step(lab: 
     assert _calls(lab) == ["t 0"]
 
 
+def _stored(lab: Lab) -> dict[str, Any]:
+    """The fingerprint of task t but SQLite's shared-memory index (``-shm``), in
+    which a read takes a read mark while another process has the database open."""
+    found = lab.fingerprint("t")
+    found["files"].pop("state.db-shm", None)
+    return found
+
+
+@pytest.mark.slow
+def test_a_later_run_of_a_cancelled_task_is_9_while_its_runner_sleeps_a_backoff(
+    lab: Lab,
+) -> None:
+    """A runner asleep in a step's backoff holds the task until its next commit
+    finds the cancel. Meanwhile a later ``run`` is exit 9 at once, writing
+    nothing, as for any cancelled task (it was exit 3 on SQLite, "being run by
+    another process", for as long as the backoff lasted)."""
+    lab.write_plan({
+        "goal": "fails, then waits a minute",
+        "defaults": {"backoff": {"base": 60, "cap": 60}},
+        "steps": [{"tool": "fetch", "input": {"path": "input/missing.txt"}}],
+    })  # fmt: skip
+    assert lab.cli("create", "t", "plan.json").returncode == 0
+    runner = lab.spawn("run", "t", NINELIVES_BACKOFF="0.5")
+    lab.wait_for("t", "step_error", 0)
+    assert lab.cli("cancel", "t").returncode == 0
+    before = _stored(lab)
+    again = lab.cli("run", "t")
+    assert again.returncode == 9, again
+    assert again.stderr.startswith("ninelives: error: task 't' was cancelled"), again.stderr
+    assert again.stderr.count("\n") == 1
+    assert _stored(lab) == before
+    # retry does not apply to a cancelled task (exit 4), whoever still holds it.
+    refused = lab.cli("retry", "t")
+    assert refused.returncode == 4, refused
+    assert "is cancelled" in refused.stderr
+    assert _stored(lab) == before
+    assert runner.poll() is None  # still asleep: what answered was the cancel, not its end
+    runner.kill()
+    runner.communicate(timeout=30)
+
+
 def test_a_worker_releases_a_cancelled_task_and_goes_on(lab: Lab) -> None:
     lab.write("ticktools.py", TICK)
     lab.write_plan({"goal": "slow", "steps": [{"tool": "tick", "input": {"sleep": 2}}] * 3})

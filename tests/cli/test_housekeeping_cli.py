@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -156,6 +157,33 @@ def test_doctor_names_a_killed_task_and_its_fix(lab: Lab) -> None:
         "findings": [],
         "fixed": [],
     }
+
+
+@pytest.mark.slow
+def test_doctor_leaves_a_queued_task_its_worker_released_into_a_wait_alone(lab: Lab) -> None:
+    """A worker releases a task whose step waits out a backoff longer than its
+    ``--poll`` (or a workflow's ``ctx.sleep``): ``running``, no holder, nothing
+    running, claimed again when due. ``doctor`` called it a task whose process
+    died (exit 7) and told to ``run`` it, which would sleep out the wait."""
+    lab.write_plan({
+        "goal": "waits an hour between attempts",
+        "defaults": {"backoff": {"base": 3600, "cap": 3600}},
+        "steps": [{"tool": "fetch", "input": {"path": "input/missing.txt"}}],
+    })  # fmt: skip
+    assert lab.cli("create", "w", "plan.json", "--queue", "q").returncode == 0
+    worker = lab.spawn("worker", "--queue", "q", "--poll", "0.2", NINELIVES_BACKOFF="0.5")
+    lab.wait_for("w", "step_error", 0)
+    time.sleep(0.5)  # the slot releases the task right after the error's commit
+    worker.send_signal(signal.SIGTERM)
+    _, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, err
+    assert "action=released task=w" in err
+    status = lab.cli("status", "w", "--json").json()
+    assert status["status"] == "running"
+    assert status["steps"][0]["status"] == "pending"
+    found = lab.cli("doctor")
+    assert found.returncode == 0, found.stdout
+    assert found.stdout == "doctor: no findings\n"
 
 
 def test_doctor_knows_the_blob_stores_lock_and_never_removes_it(sqlite_lab: Lab) -> None:

@@ -10,6 +10,7 @@ file named by the key, which the probes look for, as a payment service's
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -60,4 +61,19 @@ def charge_refuse(step_input: Mapping[str, Any], ctx: ToolContext) -> dict[str, 
 
 @tool("charge_liar", on_unknown="probe", probe=_liar)
 def charge_liar(step_input: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    return _charge(ctx)
+
+
+def _slow_probe(ctx: ToolContext) -> Mapping[str, Any] | None:
+    """Says it is asking, then waits until the test lets it answer (``probe-go``)."""
+    with open("probing", "w", encoding="utf-8") as marker:
+        marker.write("1")
+    deadline = time.monotonic() + 30
+    while not os.path.exists("probe-go") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return _probe(ctx)
+
+
+@tool("charge_slow_probe", on_unknown="probe", probe=_slow_probe)
+def charge_slow_probe(step_input: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
     return _charge(ctx)

@@ -291,3 +291,24 @@ def test_a_worker_ends_a_tool_that_overruns_in_its_thread(tools_lab: Lab) -> Non
     assert status["steps"][0]["status"] == "pending"
     assert json.dumps(status)  # readable, and verify agrees with the journal
     assert lab.cli("verify", "t").returncode == 0
+
+
+def test_a_worker_whose_overrunning_tool_was_cancelled_says_what_it_journaled(
+    tools_lab: Lab,
+) -> None:
+    """A cancel that lands while a slot's tool hangs: at the timeout the worker
+    journals the attempt's ``step_error`` (what a runner owes after a cancel)
+    and exits 5. It said "could not journal the timeout", which it had."""
+    lab = tools_lab
+    steps = [{"tool": "sleepy", "input": {"seconds": 120}, "timeout": 2}]
+    assert lab.cli("submit", "t", _plan(lab, "t", steps, max_attempts=2)).returncode == 0
+    worker = lab.spawn("worker", "--poll", "0.2")
+    lab.wait_for("t", "step_started", 0)
+    assert lab.cli("cancel", "t").returncode == 0
+    _, err = worker.communicate(timeout=60)
+    assert worker.returncode == 5, err
+    assert "could not journal" not in err, err
+    (error,) = _events(lab, "t", "step_error")
+    assert error["data"]["error"] == "timeout after 2s"
+    assert lab.cli("status", "t").json()["status"] == "cancelled"
+    assert lab.cli("verify", "t").returncode == 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -240,5 +241,90 @@ def test_a_worker_parks_a_refused_step_and_goes_on(lab: Lab) -> None:
     assert lab.cli("resolve", TASK, "0", "--done", '{"charged": "by hand"}').returncode == 0
     finished = lab.cli("worker", "--drain", "--poll", "0.1")
     assert finished.returncode == 0, finished
+    assert effects(lab) == 1
+    assert _verified(lab)["status"] == "done"
+
+
+@pytest.mark.slow
+def test_a_cancel_while_the_probe_asks_stops_the_run_with_9(lab: Lab) -> None:
+    """A cancel that lands while a recovered step's probe is asking: the run's
+    commit of the answer finds the task cancelled and ends with exit 9 and the
+    cancel's line (it was exit 3, "taken over by another runner"); the step
+    stays as the cancel found it and nothing else is journaled after it."""
+    _setup(lab, "charge_slow_probe")
+    _killed_at(lab, "after_effect")
+    runner = lab.spawn("run", TASK)
+    deadline = time.monotonic() + 30
+    while not (lab.root / "probing").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert lab.cli("cancel", TASK, "--reason", "not needed").returncode == 0
+    (lab.root / "probe-go").write_text("1", encoding="utf-8")
+    _, err = runner.communicate(timeout=60)
+    assert runner.returncode == 9, err
+    assert err.strip().splitlines()[-1].startswith(f"ninelives: error: task {TASK!r} was cancelled")
+    status = lab.cli("status", TASK, "--json").json()
+    assert status["status"] == "cancelled"
+    assert kinds(lab)[-1] == "task_cancelled"
+    assert effects(lab) == 1
+    assert lab.cli("verify", TASK).returncode == 0
+    again = lab.cli("run", TASK)
+    assert again.returncode == 9, again
+
+
+@pytest.mark.slow
+def test_a_probe_that_finds_nothing_counts_toward_the_recovery_limit(lab: Lab) -> None:
+    """A step whose process dies every time it runs fails its task at
+    ``NINELIVES_MAX_RECOVERIES`` under ``probe`` as under ``rerun``: the probe's
+    "did not happen" is a recovery to run it again. It was run again forever,
+    and ``verify`` (which counts every ``step_recovered``) reported it."""
+    _setup(lab, "charge_probe")
+    lab.base_env["NINELIVES_MAX_RECOVERIES"] = "1"
+    _killed_at(lab, "before_effect")
+    _killed_at(lab, "before_effect")  # recovery 1: the probe finds nothing, it runs again
+    failed = lab.cli("run", TASK, AGENT_CRASH_AT="before_effect:0")  # recovery 2: past it
+    assert failed.returncode == 2, failed
+    assert "NINELIVES_MAX_RECOVERIES" in failed.stderr.strip().splitlines()[-1]
+    status = _verified(lab)
+    assert status["status"] == "failed"
+    assert [s["status"] for s in status["steps"]] == ["failed"]  # type: ignore[index]
+    assert kinds(lab)[-2:] == ["step_recovered", "task_failed"]
+    assert effects(lab) == 0
+    assert lab.cli("run", TASK).returncode == 2
+    assert lab.cli("retry", TASK).returncode == 0
+    assert lab.cli("run", TASK).returncode == 0
+    assert effects(lab) == 1
+
+
+@pytest.mark.slow
+def test_verify_agrees_with_a_person_running_a_step_again_past_the_recovery_limit(
+    lab: Lab,
+) -> None:
+    """The recovery limit stops the runner from running a step again by itself;
+    ``retry`` (after the limit failed the task) and ``resolve --retry`` (a
+    ``refuse`` step) are a person's decision to run it again. ``verify`` counted
+    every ``step_recovered`` and called those runs a violation."""
+    lab.base_env["NINELIVES_MAX_RECOVERIES"] = "1"
+    _setup(lab, "charge_rerun")
+    for _ in range(2):
+        _killed_at(lab, "before_effect")
+    assert lab.cli("run", TASK).returncode == 2  # recovered twice: past the limit
+    assert lab.cli("retry", TASK).returncode == 0
+    _killed_at(lab, "before_effect")
+    assert lab.cli("run", TASK).returncode == 2  # the runner still does not run it again
+    assert _verified(lab)["status"] == "failed"
+    assert effects(lab) == 0
+
+
+@pytest.mark.slow
+def test_verify_agrees_with_resolve_retry_of_a_refused_step_past_the_recovery_limit(
+    lab: Lab,
+) -> None:
+    lab.base_env["NINELIVES_MAX_RECOVERIES"] = "1"
+    _setup(lab, "charge_refuse")
+    for _ in range(3):
+        _killed_at(lab, "before_effect")
+        assert lab.cli("run", TASK).returncode == 8  # blocked: the runner runs nothing
+        assert lab.cli("resolve", TASK, "0", "--retry").returncode == 0
+    assert lab.cli("run", TASK).returncode == 0
     assert effects(lab) == 1
     assert _verified(lab)["status"] == "done"

@@ -86,6 +86,15 @@ async def together(ctx):
     return await asyncio.gather(boom(), ctx.step("slow", slow))
 
 
+@ninelives.workflow
+def nested(ctx):
+    def outer():
+        log("outer")
+        return ctx.step("inner", log, "inner")
+
+    return ctx.step("outer", outer)
+
+
 class ApiError(Exception):
     def __init__(self, response):
         super().__init__()
@@ -221,6 +230,27 @@ def test_steps_started_together_are_refused_before_the_second_starts(flow_lab: L
     status = lab.cli("status", "t", "--json").json()
     assert status["status"] == "running"
     assert [s["tool"] for s in status["steps"]] == ["boom"]
+    checked = lab.cli("verify", "t")
+    assert checked.returncode == 0, checked.stdout
+
+
+def test_a_step_called_inside_a_step_stops_the_run_without_retrying_or_failing(
+    flow_lab: Lab,
+) -> None:
+    """``ctx.step`` inside a step is the code's error (exit 12), refused before
+    the inner step starts: the outer step is not retried nor the task failed
+    (it was a step_error, run again up to its attempt limit, then exit 2)."""
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", "nested").returncode == 0
+    refused = lab.cli("run", "t")
+    assert refused.returncode == 12, refused.stderr
+    assert "steps do not nest" in _one_error_line(refused.stderr)
+    assert _calls(lab) == ["outer"]
+    status = lab.cli("status", "t", "--json").json()
+    assert status["status"] == "running"
+    assert [(s["tool"], s["status"]) for s in status["steps"]] == [("outer", "running")]
+    kinds = [e["kind"] for e in lab.cli("export", "t").jsonl()]
+    assert "step_error" not in kinds
     checked = lab.cli("verify", "t")
     assert checked.returncode == 0, checked.stdout
 

@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from .. import crashpoints
-from ..errors import CommitUnknown, PlanError, TaskFailed
+from ..errors import CommitUnknown, PlanError, TaskCancelled, TaskFailed
 from ..humanize import duration
 from ..journal import dumps, encode_output
 from ..models import AGENT_TOOL, APPROVAL_TOOL, Run, Step, StepProgress, StepStatus, Task
@@ -293,8 +293,8 @@ class StepRunner:
             )
             try:
                 self.record_error(run, step, attempt, StepTimeout(timeout), limits, store=other)
-            except TaskFailed:
-                pass  # journaled; the process exits all the same
+            except (TaskFailed, TaskCancelled):
+                pass  # journaled (after a cancel, as a runner owes it); the process exits
             finally:
                 other.close()
 

@@ -26,7 +26,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from .. import crashpoints
-from ..errors import CommitUnknown, OutputRefused, TaskBlocked, TaskParked, TaskWaiting
+from ..errors import (
+    CommitUnknown,
+    OutputRefused,
+    TaskBlocked,
+    TaskFailed,
+    TaskParked,
+    TaskWaiting,
+)
 from ..journal import clean_error, encode_output, error_text
 from ..models import Run, Step, StepStatus, Task, TaskStatus
 from ..store import REFUSE_REASON
@@ -124,11 +131,16 @@ def after_claim(rt: Waiter, run: Run, task: Task) -> Task:
 def settle_probed(rt: Waiter, run: Run, step: Step, output: str | None, block: str | None) -> None:
     """Commit a probe's answer for ``step``: done with ``output`` (the effect
     happened), pending again (neither), or parked with ``block`` (it could not
-    tell), which raises :class:`TaskBlocked`."""
+    tell), which raises :class:`TaskBlocked`. Run again past the recovery
+    limit, the step fails its task instead: :class:`TaskFailed`."""
     crashpoints.crash("probe_answered", step.idx)
-    rt.store.settle_step(run, step.idx, output=output, block=block)
+    worn = rt.store.settle_step(
+        run, step.idx, output=output, block=block, max_recoveries=rt.settings.max_recoveries
+    )
     answer = "happened" if output else "cannot tell" if block else "did not happen"
     rt.say(f"{run.task_id}: step {step.idx} {step.tool} outcome unknown; probe: {answer}")
+    if worn is not None:
+        raise TaskFailed(f"task {run.task_id!r} failed: {worn}")
     if block is not None:
         raise parked(rt.store.get_task(run.task_id), block)
 

@@ -270,18 +270,30 @@ class Runner(Protocol):
         """Park step ``idx`` (``pending`` or ``running``) and its task as ``status``
         (``blocked`` or ``waiting``), journaling ``step_blocked`` or ``step_waiting``
         with ``data``, in one transaction. :class:`StoreError` (nothing written)
-        if the step is neither pending nor running. Fenced."""
+        if the step is neither pending nor running. Fenced; a cancelled task
+        raises :class:`~ninelives.errors.TaskCancelled`, nothing written."""
         ...
 
     def settle_step(
-        self, run: Run, idx: int, *, output: str | None = None, block: str | None = None
-    ) -> None:
+        self,
+        run: Run,
+        idx: int,
+        *,
+        output: str | None = None,
+        block: str | None = None,
+        max_recoveries: int | None = None,
+    ) -> str | None:
         """Commit a probe's answer for step ``idx``, left ``running`` by the claim:
         journal its ``step_recovered`` (``on_unknown: probe``), then with ``output``
         (JSON text) the step is ``done`` with it and ``step_reconciled``; with
         ``block`` (a reason) step and task are ``blocked`` with ``step_blocked``;
-        with neither the step is ``pending`` to run again. One transaction;
-        :class:`StoreError` if the step is not running. Fenced."""
+        with neither the step is ``pending`` to run again, unless that recovery
+        is one more than ``max_recoveries`` (counted as :meth:`begin_run` counts
+        them): then step and task are ``failed`` with ``task_failed``, whose
+        reason is returned (None otherwise). One transaction;
+        :class:`StoreError` if the step is not running. Fenced; a cancelled task
+        raises :class:`~ninelives.errors.TaskCancelled`, nothing written (the
+        step stays ``running``, as the cancel found it)."""
         ...
 
 
@@ -461,7 +473,7 @@ class ReadOnly:
     def park_step(self, run: Run, *args: Any, **options: Any) -> None:
         raise self.refusal(run)
 
-    def settle_step(self, run: Run, *args: Any, **options: Any) -> None:
+    def settle_step(self, run: Run, *args: Any, **options: Any) -> str | None:
         raise self.refusal(run)
 
     def retry_task(self, task_id: str, *args: Any, **options: Any) -> Task:

@@ -27,6 +27,7 @@ from .rules import (
     REFUSE_REASON,
     decision_target,
     recover_unknown,
+    recovery_limit_reason,
     task_exists,
 )
 
@@ -329,11 +330,24 @@ def park(
     tx.event(task_id, run_id, PARK_EVENT[status], idx, data)
 
 
-def settle(tx: Transaction, run: Run, idx: int, *, output: str | None, block: str | None) -> None:
+def settle(
+    tx: Transaction,
+    run: Run,
+    idx: int,
+    *,
+    output: str | None,
+    block: str | None,
+    max_recoveries: int | None = None,
+) -> str | None:
     """See :meth:`ninelives.store.Store.settle_step`."""
     tx.fence(run, TaskStatus.RUNNING)
     params = {"id": run.task_id, "idx": idx}
     not_running = f"task {run.task_id!r} step {idx} is not running"
+    # "Did not happen" runs the step again: a recovery like a rerun's, counted
+    # against the same limit (read before this one is journaled).
+    worn = None
+    if output is None and block is None:
+        worn = _worn_out(tx, run.task_id, idx, max_recoveries)
     tx.event(run.task_id, run.run_id, EventKind.STEP_RECOVERED, idx, {"on_unknown": "probe"})
     if output is not None:
         tx.changes_one("settle_step", {**params, "status": "done", "output": output}, not_running)
@@ -342,9 +356,24 @@ def settle(tx: Transaction, run: Run, idx: int, *, output: str | None, block: st
         tx.changes_one("settle_step", {**params, "status": "blocked", "output": None}, not_running)
         tx.run("park_task", {"id": run.task_id, "status": "blocked"})
         tx.event(run.task_id, run.run_id, EventKind.STEP_BLOCKED, idx, {"reason": block})
+    elif worn is not None:
+        tx.changes_one("step_failed", params, not_running)
+        tx.fence(run, TaskStatus.FAILED)
+        tx.event(run.task_id, run.run_id, EventKind.TASK_FAILED, idx, {"reason": worn})
     else:
         tx.changes_one("recover_step", params, not_running)
     crashpoints.crash("settle_before_commit", idx)
+    return worn
+
+
+def _worn_out(tx: Transaction, task_id: str, idx: int, limit: int | None) -> str | None:
+    """The ``task_failed`` reason when recovering step ``idx`` once more passes
+    ``limit`` (as a claim counts a rerun's: every ``step_recovered`` so far), else None."""
+    if limit is None:
+        return None
+    row = tx.row("recoveries", {"id": task_id, "idx": idx})
+    count = (int(row[0]) if row else 0) + 1
+    return recovery_limit_reason(idx, count, limit) if count > limit else None
 
 
 def decide(tx: Transaction, task_id: str, run_id: str, idx: int, decision: Decision) -> Task:
@@ -516,16 +545,24 @@ class SharedCommits:
             tx.fence(run, TaskStatus.DONE)
             tx.event(run.task_id, run.run_id, EventKind.TASK_DONE, None, data)
 
+    # Parking and a probe's answer are a runner's commits like the others: a
+    # cancel that landed before them is TaskCancelled (exit 9), not LeaseLost.
     def park_step(self, run: Run, idx: int, status: StepStatus, data: dict[str, Any]) -> None:
-        with self.fenced(run) as tx:
+        with self._cancel_aware(run), self.fenced(run) as tx:
             tx.fence(run, TaskStatus(status.value))
             park(tx, run.task_id, run.run_id, idx, status, data)
 
     def settle_step(
-        self, run: Run, idx: int, *, output: str | None = None, block: str | None = None
-    ) -> None:
-        with self.fenced(run) as tx:
-            settle(tx, run, idx, output=output, block=block)
+        self,
+        run: Run,
+        idx: int,
+        *,
+        output: str | None = None,
+        block: str | None = None,
+        max_recoveries: int | None = None,
+    ) -> str | None:
+        with self._cancel_aware(run), self.fenced(run) as tx:
+            return settle(tx, run, idx, output=output, block=block, max_recoveries=max_recoveries)
 
     def decide_step(self, task_id: str, run_id: str, idx: int, decision: Decision) -> Task:
         with self.operator(task_id, lambda found: decision_target(found, idx, decision)) as tx:

@@ -114,35 +114,60 @@ def past_limits(
 ) -> list[Violation]:
     """Steps that were run again past a limit instead of failing the task. As the
     runtime counts them: a step's ``step_error`` events since its last
-    ``task_retried`` (retry resets its attempts), all its ``step_recovered``."""
+    ``task_retried`` (retry resets its attempts), all its ``step_recovered``
+    (see :func:`_run_again_past_recoveries`)."""
     found = Findings(task.id)
-    checks = (
-        (EventKind.STEP_ERROR.value, max_attempts, "attempt_limit", "AGENT_MAX_ATTEMPTS"),
-        # The recovery past the limit is journaled too: it is the one that fails the task.
-        (EventKind.STEP_RECOVERED.value, max_recoveries + 1, "recovery_limit",
-         "NINELIVES_MAX_RECOVERIES"),
-    )  # fmt: skip
     policies = {s.idx: s.policy for s in task.steps if s.policy}
-    for kind, allowed, check, variable in checks:
-        seqs: dict[int, list[int]] = {}
-        for event in events:
-            if event.step_idx is None:
-                continue
-            if event.kind == kind:
-                seqs.setdefault(event.step_idx, []).append(event.seq)
-            elif event.kind == EventKind.TASK_RETRIED.value and kind == EventKind.STEP_ERROR.value:
-                seqs.pop(event.step_idx, None)
-        for idx, seen in sorted(seqs.items()):
-            limit, name = allowed, variable
-            if kind == EventKind.STEP_ERROR.value and "max_attempts" in policies.get(idx, {}):
-                limit, name = int(policies[idx]["max_attempts"]), "its max_attempts policy"
-            if len(seen) > limit:
-                message = (
-                    f"step {idx} has {len(seen)} {kind} events, more than the limit allows "
-                    f"({name} as verify runs): it was run again instead of failing"
-                )
-                found.add(check, message, seen[limit:])
+    seqs: dict[int, list[int]] = {}
+    for event in events:
+        if event.step_idx is None:
+            continue
+        if event.kind == EventKind.STEP_ERROR.value:
+            seqs.setdefault(event.step_idx, []).append(event.seq)
+        elif event.kind == EventKind.TASK_RETRIED.value:
+            seqs.pop(event.step_idx, None)
+    for idx, seen in sorted(seqs.items()):
+        limit, name = max_attempts, "AGENT_MAX_ATTEMPTS"
+        if "max_attempts" in policies.get(idx, {}):
+            limit, name = int(policies[idx]["max_attempts"]), "its max_attempts policy"
+        if len(seen) > limit:
+            message = (
+                f"step {idx} has {len(seen)} step_error events, more than the limit allows "
+                f"({name} as verify runs): it was run again instead of failing"
+            )
+            found.add("attempt_limit", message, seen[limit:])
+    for idx, (count, over) in sorted(_run_again_past_recoveries(events, max_recoveries).items()):
+        message = (
+            f"step {idx} has {count} step_recovered events, more than the limit allows "
+            "(NINELIVES_MAX_RECOVERIES as verify runs): it was run again instead of failing"
+        )
+        found.add("recovery_limit", message, over)
     return found
+
+
+def _run_again_past_recoveries(
+    events: Sequence[Event], limit: int
+) -> dict[int, tuple[int, list[int]]]:
+    """Per step: all its ``step_recovered`` (the runtime never resets the count)
+    and those past ``limit`` after which the step was started again. The runtime
+    fails the task at such a recovery (or parks the step for a person); only a
+    person's ``retry`` or ``resolve --retry`` may run it again after that."""
+    counts: dict[int, int] = {}
+    past: dict[int, int] = {}
+    found: dict[int, list[int]] = {}
+    for event in events:
+        idx = event.step_idx
+        if idx is None:
+            continue
+        if event.kind == EventKind.STEP_RECOVERED.value:
+            counts[idx] = counts.get(idx, 0) + 1
+            if counts[idx] > limit:
+                past[idx] = event.seq
+        elif event.kind in (EventKind.TASK_RETRIED.value, EventKind.STEP_RESOLVED.value):
+            past.pop(idx, None)
+        elif event.kind == EventKind.STEP_STARTED.value and idx in past:
+            found.setdefault(idx, []).append(past.pop(idx))
+    return {idx: (counts[idx], over) for idx, over in found.items()}
 
 
 def appended_violations(task: Task, events: Sequence[Event]) -> list[Violation]:

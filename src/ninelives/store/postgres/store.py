@@ -495,7 +495,10 @@ class PostgresStore(StepCommits, PostgresHousekeeping, commits.SharedCommits):
             if row is None:
                 raise UnknownTask(f"unknown task {task_id!r}")
             held, live, holder = row
-            if live:  # as in begin_run: free only if its holder is provably gone
+            # As in begin_run: free only if its holder is provably gone; a cancelled
+            # task never moves again, so the rule refuses it whoever holds it.
+            cancelled = live and self.load(tx.conn, task_id).status is TaskStatus.CANCELLED
+            if live and not cancelled:
                 self._take_over_early(tx.conn, task_id, held, holder)
             yield tx
 

@@ -311,7 +311,8 @@ class SQLiteBase(SQLiteHousekeepingWrites):
 
     def task_row(self, task_id: str) -> Any:
         """``get_task``'s row of a task, outside any transaction, for
-        :func:`~ninelives.store.commits.cancel_aware`."""
+        :func:`~ninelives.store.commits.cancel_aware` and a ``run`` of a
+        task another process holds."""
         try:
             return self._conn.execute(Q["get_task"], {"id": task_id}).fetchone()
         except sqlite3.Error as exc:

@@ -175,6 +175,11 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
         # edited plan and a refusal by ``check`` come before the lock file is
         # made: a task that cannot run here leaves no trace.
         if is_held(self.path, task_id):  # at once, not after waiting for the write lock
+            # A cancel is final, and its holder may not find it before its next
+            # commit (asleep in a backoff): a cancelled task is refused as such.
+            row = self.task_row(task_id)
+            if row is not None and row[2] == TaskStatus.CANCELLED.value:
+                raise lineage.cancelled(task_id)
             raise TaskBusy(f"task {task_id!r} is being run by another process")
         held: TaskLock | None = None
 
@@ -563,7 +568,9 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
         try:
             check(found)
         except InputError:
-            if is_held(self.path, task_id):
+            # Busy says more than the refusal while a runner may still move the
+            # task on; a cancelled task never moves again, whoever holds it.
+            if found.status is not TaskStatus.CANCELLED and is_held(self.path, task_id):
                 raise TaskBusy(f"task {task_id!r} is being run by another process") from None
             raise
         lock = self._lock(task_id)
