@@ -8,6 +8,7 @@ feeds one bad input and checks the fingerprint is identical afterwards.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -308,3 +309,39 @@ def test_failed_bad_create_in_an_empty_folder_leaves_no_file(sqlite_lab: Lab) ->
 def test_unknown_task_without_a_database_creates_none(sqlite_lab: Lab, command: str) -> None:
     assert_one_line_error(sqlite_lab.cli(command, "ghost"), 1)
     assert sqlite_lab.files() == {}
+
+
+#: The commands about one stored task, each with what follows its TASK argument.
+LOOKUPS = {
+    "status": (),
+    "export": (),
+    "run": (),
+    "retry": (),
+    "cancel": (),
+    "verify": (),
+    "replay-check": (),
+    "fork": ("new", "--from", "1"),
+    "resolve": ("1", "--retry"),
+    "approve": ("1",),
+}
+
+
+@pytest.mark.parametrize("command", list(LOOKUPS))
+def test_a_task_id_that_is_not_utf8_is_an_unknown_task(sqlite_seeded: Lab, command: str) -> None:
+    # A shell passes any bytes; Python hands b"keep\xff" over as "keep\udcff",
+    # which no stored id can be (create refuses it): unknown, exit 1, not a traceback.
+    before = sqlite_seeded.fingerprint(*TASKS)
+    result = sqlite_seeded.cli(command, os.fsdecode(b"keep\xff"), *LOOKUPS[command])
+    assert_one_line_error(result, 1)
+    assert "unknown task 'keep\\udcff'" in result.stderr
+    assert sqlite_seeded.fingerprint(*TASKS) == before
+    # The control: the same command reaches the task by its real id.
+    assert sqlite_seeded.cli("status", "keep").returncode == 0
+
+
+def test_create_of_a_task_id_that_is_not_utf8_is_bad_input(sqlite_seeded: Lab) -> None:
+    before = sqlite_seeded.fingerprint(*TASKS)
+    result = sqlite_seeded.cli("create", os.fsdecode(b"new\xff"), "plan.json")
+    assert_one_line_error(result, 4)
+    assert "invalid task id 'new\\udcff'" in result.stderr
+    assert sqlite_seeded.fingerprint(*TASKS) == before
