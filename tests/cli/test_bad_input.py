@@ -131,6 +131,10 @@ BAD_PLANS: dict[str, bytes | None] = {
     "5000 nested lists": b"[" * 5000 + b"]" * 5000,
     "5000 nested objects": b'{"a":' * 5000 + b"1" + b"}" * 5000,
     "nested past the limit": _nested(MAX_DEPTH),
+    # JSON parsers disagree on a repeated key (the last wins here): which plan was meant?
+    "steps twice": b'{"steps": [], "steps": [{"tool": "fetch", "input": {"path": "x"}}]}',
+    "tool twice": b'{"steps": [{"tool": "summarize", "tool": "fetch", "input": {"path": "x"}}]}',
+    "input key twice": _steps(FETCH)[:-4] + b', "path": "input/notes.txt"}}]}',
 }
 
 
@@ -345,3 +349,19 @@ def test_create_of_a_task_id_that_is_not_utf8_is_bad_input(sqlite_seeded: Lab) -
     assert_one_line_error(result, 4)
     assert "invalid task id 'new\\udcff'" in result.stderr
     assert sqlite_seeded.fingerprint(*TASKS) == before
+
+
+def test_a_plan_with_a_repeated_key_names_it(sqlite_seeded: Lab) -> None:
+    # The first steps list would be dropped without a word, the task created
+    # with the second: refused instead, naming the key.
+    first = [FETCH, {"tool": "summarize", "input": {"from": 0}}]
+    text = '{"goal": "g", "steps": ' + json.dumps(first) + ', "steps": [' + json.dumps(FETCH) + "]}"
+    (sqlite_seeded.root / "twice.json").write_text(text)
+    before = sqlite_seeded.fingerprint(*TASKS)
+    result = sqlite_seeded.cli("create", "new", "twice.json")
+    assert_one_line_error(result, 4)
+    assert "duplicate key 'steps'" in result.stderr
+    assert sqlite_seeded.fingerprint(*TASKS) == before
+    # The control: the same plan with its key once is created.
+    (sqlite_seeded.root / "once.json").write_text(json.dumps({"goal": "g", "steps": first}))
+    assert sqlite_seeded.cli("create", "new", "once.json").returncode == 0
