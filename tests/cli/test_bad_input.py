@@ -226,6 +226,15 @@ BAD_ENV = [
     {"AGENT_STEP_DELAY": "inf"},
     {"AGENT_CRASH_AT": "bogus"},
     {"AGENT_CRASH_AT": "before_effect:one"},
+    # What int() and float() take but no one writes as a number: refused, not
+    # read as 30 attempts, a 10 s delay or step 3.
+    {"AGENT_MAX_ATTEMPTS": "3_0"},
+    {"AGENT_MAX_ATTEMPTS": "\u0663"},  # ARABIC-INDIC DIGIT THREE
+    {"AGENT_MAX_ATTEMPTS": "3 "},
+    {"AGENT_STEP_DELAY": "1_0"},
+    {"NINELIVES_BACKOFF": "\uff11"},  # FULLWIDTH DIGIT ONE
+    {"AGENT_CRASH_AT": "before_effect:\u0663"},
+    {"AGENT_CRASH_AT": "before_effect:\u00b2"},  # SUPERSCRIPT TWO
 ]
 
 
