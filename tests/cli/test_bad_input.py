@@ -264,6 +264,10 @@ USAGE_ERRORS = [
     ("--nope", "status", "keep"),
     ("status", "keep", "--bogus"),
     ("run", "keep", "--quiet=yes"),
+    # An empty --db ("$UNSET") names no database; it is not the working directory.
+    ("--db", "", "status", "keep"),
+    ("--db=", "create", "new", "plan.json"),
+    ("status", "keep", "--db", ""),
 ]
 
 
