@@ -187,7 +187,8 @@ class Registry:
         return tool
 
     def lookup(self, name: str) -> Tool:
-        """The tool called ``name``; :class:`PlanError` if no tool has that name."""
+        """The tool called ``name``; :class:`PlanError` if no tool has that name, or if
+        the installed entry point that names it cannot be loaded."""
         tool = self._tools.get(name)
         if tool is None and self._entry_points:
             tool = self._load_entry_point(name)
@@ -207,7 +208,16 @@ class Registry:
 
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             if ep.name == name:
-                loaded = ep.load()
+                try:
+                    loaded = ep.load()
+                except Exception as exc:  # an installed package's import or name is broken
+                    from ..journal import error_text
+
+                    # A PlanError, as for a tool not installed: refused before any claim.
+                    raise PlanError(
+                        f"tool {name!r}, whose entry point {ep.value!r} cannot load: "
+                        f"{error_text(exc)}"
+                    ) from exc
                 tool = loaded if isinstance(loaded, Tool) else Tool(name=name, fn=loaded)
                 self._tools[name] = tool
                 return tool
