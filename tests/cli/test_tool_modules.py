@@ -66,8 +66,13 @@ def test_a_register_function_and_several_modules(lab: Lab) -> None:
 def test_a_module_that_cannot_load_is_bad_input(lab: Lab) -> None:
     lab.guide_setup()
     lab.write("broken_tools.py", "raise RuntimeError('half-written')\n")
+    # Its register() raises, or cannot take the registry.
+    lab.write("failing_tools.py", "def register(registry):\n    raise RuntimeError('no db')\n")
+    lab.write("wrong_tools.py", "def register():\n    pass\n")
     before = lab.fingerprint()
-    for spec in ("no_such_module", "broken_tools", "not a module", "a..b"):
+    for spec in (
+        "no_such_module", "broken_tools", "not a module", "a..b", "failing_tools", "wrong_tools",
+    ):  # fmt: skip
         result = lab.cli("--tools", spec, "create", "t", "plan.json")
         assert result.returncode == 4, (spec, result.stderr)
         assert result.stderr.startswith("ninelives: error: "), result.stderr

@@ -289,8 +289,8 @@ def load_tool_modules(registry: Registry, modules: Iterable[str]) -> Registry:
     A module's tools are those it (or a module inside its package) declared
     with :func:`tool`, and whatever its ``register(registry)`` function, if it
     has one, registers. Modules are found on ``sys.path`` and then in the working
-    directory. A module that cannot be imported is an
-    :class:`~ninelives.errors.InputError` naming it.
+    directory. A module that cannot be imported, or whose ``register`` raises,
+    is an :class:`~ninelives.errors.InputError` naming it.
     """
     import importlib
     import os
@@ -316,5 +316,13 @@ def load_tool_modules(registry: Registry, modules: Iterable[str]) -> Registry:
                     registry.add(declared)
         register = getattr(module, "register", None)
         if callable(register):
-            register(registry)
+            try:
+                register(registry)
+            except Exception as exc:  # the module's own code: as if its import failed
+                from ..journal import error_text
+
+                raise InputError(
+                    f"cannot load tools from module {module_name!r}: its register() "
+                    f"raised {error_text(exc)}"
+                ) from exc
     return registry
