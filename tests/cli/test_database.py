@@ -186,3 +186,29 @@ def test_a_write_to_a_read_only_database_file_is_refused_and_leaves_no_file(
     db.chmod(0o644)
     assert lab.cli("create", "new", "plan.json").returncode == 0
     assert lab.cli("run", "t").returncode == 0
+
+
+@pytest.mark.parametrize("name", ["state.db-wal", "state.db-journal", "state.db.locks/tasks.lock"])
+def test_a_file_of_another_database_is_not_a_database(sqlite_lab: Lab, name: str) -> None:
+    # A WAL is empty while its database is open and idle (a worker waiting for
+    # work), and SQLite takes an empty file for a new database: `--db state.db-wal`
+    # would write a whole database into the WAL of the live one.
+    lab = sqlite_lab
+    lab.guide_setup()
+    assert lab.cli("create", "t", "plan.json").returncode == 0
+    assert lab.cli("run", "t").returncode == 0  # makes the lock folder too
+    idle = sqlite3.connect(lab.root / "state.db")  # the idle worker: it keeps the -wal
+    try:
+        idle.execute("SELECT count(*) FROM tasks").fetchone()
+        (lab.root / name).touch()
+        assert (lab.root / name).stat().st_size == 0
+        files = lab.files()
+        for args in COMMANDS:
+            result = Lab(lab.root, db=name).cli(*args)
+            assert_one_line_error(result, 5)
+            assert "of the database" in result.stderr, result.stderr
+            assert lab.files() == files, args
+    finally:
+        idle.close()
+    # The control: the database itself still answers.
+    assert lab.cli("status", "t").json()["status"] == "done"
