@@ -212,3 +212,21 @@ def test_a_file_of_another_database_is_not_a_database(sqlite_lab: Lab, name: str
         idle.close()
     # The control: the database itself still answers.
     assert lab.cli("status", "t").json()["status"] == "done"
+
+
+@pytest.mark.parametrize("exists", [True, False], ids=["database there", "no database"])
+def test_a_database_path_ending_in_a_slash_is_refused(sqlite_lab: Lab, exists: bool) -> None:
+    # "state.db/" names a folder: the reads find no database there, so a create
+    # that wrote into state.db would store a task that no later command finds.
+    lab = sqlite_lab
+    lab.guide_setup()
+    if exists:
+        assert lab.cli("create", "t", "plan.json").returncode == 0
+    files = lab.files()
+    slashed = Lab(lab.root, db="state.db/")
+    for args in (("create", "new", "plan.json"), ("submit", "new", "plan.json")):
+        result = slashed.cli(*args)
+        assert_one_line_error(result, 5)
+        assert "ends with '/'" in result.stderr
+        assert lab.files() == files, args
+    assert slashed.cli("status", "new").returncode == 1  # nothing stored, as reads agree

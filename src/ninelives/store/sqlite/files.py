@@ -7,6 +7,10 @@ opened for writing or waited on:
 * the path is resolved (:func:`os.path.realpath`): a symlink to a database
   opens that database, and its locks, WAL and lock folder are those of the
   real file, so two names of one file share one lock;
+* a path ending with ``/`` is refused: it names a folder (the reads find no
+  database there), though :func:`os.path.realpath` would drop the slash;
+* a file of another database (its ``-wal``, ``-shm`` or ``-journal``, or a file
+  in its lock or blob folder) is refused, see :func:`database_owning`;
 * a symlink whose target does not exist is refused (``sqlite3.connect`` would
   create the target through the link, outside the private-mode creation);
 * anything but a regular file (a folder, a FIFO, a device) is refused: opening a
@@ -55,6 +59,12 @@ def resolve(path: str, *, create: bool) -> tuple[str, os.stat_result | None]:
     ``create``), and anything that is not a single-named regular file.
     """
     shown = path
+    if path.endswith(("/", os.sep)):
+        # realpath drops the slash and would open the file that every read
+        # (os.path.exists("state.db/") is False) says is not there.
+        raise StoreError(
+            f"database path {shown} ends with '/', which names a folder: a database is a file"
+        )
     real = os.path.realpath(path)
     folder = os.path.dirname(real)
     if not os.path.isdir(folder):
