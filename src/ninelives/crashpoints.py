@@ -61,7 +61,7 @@ def parse(value: str) -> tuple[str, int | None]:
         raise ValueError(f"unknown crash point {point!r} (known: {', '.join(POINTS)})")
     if not sep:
         return point, None
-    if not idx.isdigit():
+    if not (idx.isascii() and idx.isdigit()):  # not "\u0663" (3) nor "\u00b2"
         raise ValueError(f"crash point step must be a number, got {idx!r}")
     return point, int(idx)
 

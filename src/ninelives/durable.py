@@ -247,10 +247,10 @@ def parse_arguments(text: str) -> tuple[list[Any], dict[str, Any]]:
     :data:`~ninelives.models.MAX_DEPTH` deep; :class:`PlanError` (exit 4) otherwise."""
     import json
 
-    from .plan import reject_constant
+    from .plan import reject_constant, unique_keys
 
     try:
-        raw = json.loads(text, parse_constant=reject_constant)
+        raw = json.loads(text, parse_constant=reject_constant, object_pairs_hook=unique_keys)
     except RecursionError:
         raise PlanError("--args is nested too deeply") from None
     except (ValueError, PlanError) as exc:

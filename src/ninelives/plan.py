@@ -55,6 +55,20 @@ def reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not allowed")
 
 
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` for :func:`json.loads`: refuse an object that repeats a
+    key. JSON parsers disagree on which one counts (Python keeps the last), so a
+    plan with ``"steps"`` twice would be stored as another plan than its author saw."""
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"duplicate key {key!r} in an object")
+            seen.add(key)
+    return value
+
+
 def depth(value: Any) -> int:
     """How deeply ``value``'s lists and objects nest (1 for a scalar), counted
     without recursion; any depth over :data:`~ninelives.models.MAX_DEPTH` is
@@ -95,7 +109,7 @@ def parse_plan(text: str | bytes, *, name: str = "plan") -> Plan:
     if not text.strip():
         raise PlanError(f"{name} is empty: a plan is a JSON object with a 'steps' list")
     try:
-        raw = json.loads(text, parse_constant=reject_constant)
+        raw = json.loads(text, parse_constant=reject_constant, object_pairs_hook=unique_keys)
     except RecursionError:
         raise PlanError(f"{name} is nested more than {MAX_DEPTH} levels deep") from None
     except UnicodeDecodeError as exc:

@@ -113,6 +113,10 @@ def _number(
     if not raw:
         return default
     try:
+        # int() and float() also take "3_0" (30), other scripts' digits and
+        # padding: none of them is how a number is written into a variable.
+        if not raw.isascii() or "_" in raw or raw != raw.strip():
+            raise ValueError(raw)
         value = kind(raw)
     except ValueError:
         raise InputError(f"{name} must be a number, got {raw!r}") from None

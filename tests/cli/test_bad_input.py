@@ -8,6 +8,7 @@ feeds one bad input and checks the fingerprint is identical afterwards.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,10 @@ BAD_PLANS: dict[str, bytes | None] = {
     "5000 nested lists": b"[" * 5000 + b"]" * 5000,
     "5000 nested objects": b'{"a":' * 5000 + b"1" + b"}" * 5000,
     "nested past the limit": _nested(MAX_DEPTH),
+    # JSON parsers disagree on a repeated key (the last wins here): which plan was meant?
+    "steps twice": b'{"steps": [], "steps": [{"tool": "fetch", "input": {"path": "x"}}]}',
+    "tool twice": b'{"steps": [{"tool": "summarize", "tool": "fetch", "input": {"path": "x"}}]}',
+    "input key twice": _steps(FETCH)[:-4] + b', "path": "input/notes.txt"}}]}',
 }
 
 
@@ -221,6 +226,15 @@ BAD_ENV = [
     {"AGENT_STEP_DELAY": "inf"},
     {"AGENT_CRASH_AT": "bogus"},
     {"AGENT_CRASH_AT": "before_effect:one"},
+    # What int() and float() take but no one writes as a number: refused, not
+    # read as 30 attempts, a 10 s delay or step 3.
+    {"AGENT_MAX_ATTEMPTS": "3_0"},
+    {"AGENT_MAX_ATTEMPTS": "\u0663"},  # ARABIC-INDIC DIGIT THREE
+    {"AGENT_MAX_ATTEMPTS": "3 "},
+    {"AGENT_STEP_DELAY": "1_0"},
+    {"NINELIVES_BACKOFF": "\uff11"},  # FULLWIDTH DIGIT ONE
+    {"AGENT_CRASH_AT": "before_effect:\u0663"},
+    {"AGENT_CRASH_AT": "before_effect:\u00b2"},  # SUPERSCRIPT TWO
 ]
 
 
@@ -250,6 +264,10 @@ USAGE_ERRORS = [
     ("--nope", "status", "keep"),
     ("status", "keep", "--bogus"),
     ("run", "keep", "--quiet=yes"),
+    # An empty --db ("$UNSET") names no database; it is not the working directory.
+    ("--db", "", "status", "keep"),
+    ("--db=", "create", "new", "plan.json"),
+    ("status", "keep", "--db", ""),
 ]
 
 
@@ -308,3 +326,55 @@ def test_failed_bad_create_in_an_empty_folder_leaves_no_file(sqlite_lab: Lab) ->
 def test_unknown_task_without_a_database_creates_none(sqlite_lab: Lab, command: str) -> None:
     assert_one_line_error(sqlite_lab.cli(command, "ghost"), 1)
     assert sqlite_lab.files() == {}
+
+
+#: The commands about one stored task, each with what follows its TASK argument.
+LOOKUPS = {
+    "status": (),
+    "export": (),
+    "run": (),
+    "retry": (),
+    "cancel": (),
+    "verify": (),
+    "replay-check": (),
+    "fork": ("new", "--from", "1"),
+    "resolve": ("1", "--retry"),
+    "approve": ("1",),
+}
+
+
+@pytest.mark.parametrize("command", list(LOOKUPS))
+def test_a_task_id_that_is_not_utf8_is_an_unknown_task(sqlite_seeded: Lab, command: str) -> None:
+    # A shell passes any bytes; Python hands b"keep\xff" over as "keep\udcff",
+    # which no stored id can be (create refuses it): unknown, exit 1, not a traceback.
+    before = sqlite_seeded.fingerprint(*TASKS)
+    result = sqlite_seeded.cli(command, os.fsdecode(b"keep\xff"), *LOOKUPS[command])
+    assert_one_line_error(result, 1)
+    assert "unknown task 'keep\\udcff'" in result.stderr
+    assert sqlite_seeded.fingerprint(*TASKS) == before
+    # The control: the same command reaches the task by its real id.
+    assert sqlite_seeded.cli("status", "keep").returncode == 0
+
+
+def test_create_of_a_task_id_that_is_not_utf8_is_bad_input(sqlite_seeded: Lab) -> None:
+    before = sqlite_seeded.fingerprint(*TASKS)
+    result = sqlite_seeded.cli("create", os.fsdecode(b"new\xff"), "plan.json")
+    assert_one_line_error(result, 4)
+    assert "invalid task id 'new\\udcff'" in result.stderr
+    assert sqlite_seeded.fingerprint(*TASKS) == before
+
+
+def test_a_plan_with_a_repeated_key_names_it(sqlite_seeded: Lab) -> None:
+    # The first steps list would be dropped without a word, the task created
+    # with the second: refused instead, naming the key.
+    first = [FETCH, {"tool": "summarize", "input": {"from": 0}}]
+    text = '{"goal": "g", "steps": ' + json.dumps(first) + ', "steps": [' + json.dumps(FETCH) + "]}"
+    (sqlite_seeded.root / "twice.json").write_text(text)
+    before = sqlite_seeded.fingerprint(*TASKS)
+    result = sqlite_seeded.cli("create", "new", "twice.json")
+    assert_one_line_error(result, 4)
+    assert "duplicate key 'steps'" in result.stderr
+    assert sqlite_seeded.fingerprint(*TASKS) == before
+    # The control: the same plan with its key once is created.
+    (sqlite_seeded.root / "once.json").write_text(json.dumps({"goal": "g", "steps": first}))
+    assert sqlite_seeded.cli("create", "new", "once.json").returncode == 0

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import sqlite3
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -125,3 +128,105 @@ def test_a_newer_schema_is_refused_unchanged(sqlite_lab: Lab, good_db: bytes) ->
         assert_one_line_error(result, 5)
         assert "newer" in result.stderr
     assert lab.files() == files
+
+
+class UserLab(Lab):
+    """A lab whose commands run as a user without root's powers over files: this
+    user when it is not root, else ``nobody`` (root writes any file, whatever its mode)."""
+
+    def argv(self, args: Sequence[str]) -> list[str]:
+        if os.geteuid() != 0:
+            return super().argv(args)
+        # setpriv (util-linux) rather than subprocess's user=: it drops root's
+        # capabilities only at exec, so the interpreter is found wherever it lives.
+        drop = [f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+        return ["setpriv", *drop, *super().argv(args)]
+
+
+NOBODY = 65534
+
+
+@pytest.fixture
+def user_lab() -> Iterator[UserLab]:
+    # Outside pytest's own temporary folder, which only root may enter.
+    root = Path(tempfile.mkdtemp(prefix="ninelives-user-"))
+    try:
+        lab = UserLab(root / "lab")
+        lab.guide_setup()
+        if os.geteuid() == 0:
+            for folder, _dirs, names in os.walk(root):
+                for name in [folder, *(os.path.join(folder, n) for n in names)]:
+                    os.chown(name, NOBODY, NOBODY)
+        yield lab
+    finally:
+        shutil.rmtree(root)
+
+
+def test_a_write_to_a_read_only_database_file_is_refused_and_leaves_no_file(
+    user_lab: UserLab,
+) -> None:
+    lab = user_lab
+    assert lab.cli("create", "t", "plan.json").returncode == 0
+    db = lab.root / "state.db"
+    db.chmod(0o444)
+    files = lab.files()
+    for args in (
+        ("create", "new", "plan.json"), ("run", "t"), ("cancel", "t"),
+        ("gc", "--older-than", "0s"), ("worker", "--drain"),
+    ):  # fmt: skip
+        result = lab.cli(*args)
+        assert_one_line_error(result, 5)
+        assert "the file is not writable by this user" in result.stderr, args
+        # No -wal, -shm (they would take the file's read-only mode) or lock folder.
+        assert lab.files() == files, args
+    # Reads still work on the read-only file.
+    assert lab.cli("status", "t").json()["status"] == "pending"
+    # Once its mode is restored the database is writable as before: nothing
+    # left beside it keeps it read-only.
+    db.chmod(0o644)
+    assert lab.cli("create", "new", "plan.json").returncode == 0
+    assert lab.cli("run", "t").returncode == 0
+
+
+@pytest.mark.parametrize("name", ["state.db-wal", "state.db-journal", "state.db.locks/tasks.lock"])
+def test_a_file_of_another_database_is_not_a_database(sqlite_lab: Lab, name: str) -> None:
+    # A WAL is empty while its database is open and idle (a worker waiting for
+    # work), and SQLite takes an empty file for a new database: `--db state.db-wal`
+    # would write a whole database into the WAL of the live one.
+    lab = sqlite_lab
+    lab.guide_setup()
+    assert lab.cli("create", "t", "plan.json").returncode == 0
+    assert lab.cli("run", "t").returncode == 0  # makes the lock folder too
+    idle = sqlite3.connect(lab.root / "state.db")  # the idle worker: it keeps the -wal
+    try:
+        idle.execute("SELECT count(*) FROM tasks").fetchone()
+        (lab.root / name).touch()
+        assert (lab.root / name).stat().st_size == 0
+        files = lab.files()
+        for args in COMMANDS:
+            result = Lab(lab.root, db=name).cli(*args)
+            assert_one_line_error(result, 5)
+            assert "of the database" in result.stderr, result.stderr
+            assert lab.files() == files, args
+    finally:
+        idle.close()
+    # The control: the database itself still answers.
+    assert lab.cli("status", "t").json()["status"] == "done"
+
+
+@pytest.mark.parametrize("exists", [True, False], ids=["database there", "no database"])
+def test_a_database_path_ending_in_a_slash_is_refused(sqlite_lab: Lab, exists: bool) -> None:
+    # "state.db/" names a folder: the reads find no database there, so a create
+    # that wrote into state.db would store a task that no later command finds.
+    lab = sqlite_lab
+    lab.guide_setup()
+    if exists:
+        assert lab.cli("create", "t", "plan.json").returncode == 0
+    files = lab.files()
+    slashed = Lab(lab.root, db="state.db/")
+    for args in (("create", "new", "plan.json"), ("submit", "new", "plan.json")):
+        result = slashed.cli(*args)
+        assert_one_line_error(result, 5)
+        assert "ends with '/'" in result.stderr
+        assert lab.files() == files, args
+    assert slashed.cli("status", "new").returncode == 1  # nothing stored, as reads agree

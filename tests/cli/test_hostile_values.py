@@ -92,6 +92,24 @@ def test_torture_numbers_out_of_range_are_exit_4(two: Lab, option: str, value: s
     one_line(result, 4, f"{option} must be")
 
 
+@pytest.mark.parametrize(
+    ("args", "env", "named"),
+    [
+        (("--lease", "nan"), {}, "--lease must be 0.05-86400 seconds"),
+        (("--heartbeat", "-1"), {}, "--heartbeat must be 0.05-86400 seconds"),
+        ((), {"NINELIVES_LEASE": "0"}, "NINELIVES_LEASE must be 0.05-86400 seconds"),
+        ((), {"NINELIVES_HEARTBEAT": "1e9"}, "NINELIVES_HEARTBEAT must be 0.05-86400 seconds"),
+    ],
+)
+def test_a_lease_out_of_range_names_what_gave_it(
+    two: Lab, args: tuple[str, ...], env: dict[str, str], named: str
+) -> None:
+    # Not "ninelives_lease", which is neither the option nor the variable.
+    before = digest(two.root / "state.db")
+    one_line(two.cli("worker", "--drain", *args, **env), 4, named)
+    assert digest(two.root / "state.db") == before
+
+
 # -- report -o the database -----------------------------------------------------
 
 

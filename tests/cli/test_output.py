@@ -252,3 +252,43 @@ def test_gc_whose_output_fails_still_removes_every_batch(sqlite_lab: Lab, where:
         assert result.stderr.count("\n") == 1, result.stderr
         assert result.stderr.startswith("ninelives: error: cannot write to stdout: ")
     assert lab.cli("ls", "--json").stdout == ""  # every task removed
+
+
+#: Text no 8-bit encoding holds whole: Latin-1, an arrow, CJK, and one beyond the BMP.
+WIDE = "résumé → 中文 \U0001f600"
+
+
+def _ageless(row: dict[str, object]) -> dict[str, object]:
+    return {k: v for k, v in row.items() if k != "age"}  # ls: seconds since, as read
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_a_stdout_that_cannot_encode_the_text_escapes_it(sqlite_lab: Lab, encoding: str) -> None:
+    # PYTHONIOENCODING=ascii or a Latin-1 locale: stored text that the encoding
+    # cannot hold is escaped, never a traceback; JSON stays the same JSON values.
+    lab = sqlite_lab
+    created(lab, {**GUIDE_PLAN, "goal": WIDE})
+    lab.write("input/notes.txt", f"{WIDE}\nline two\n")
+    assert lab.cli("run", "t").returncode == 0
+    # A step error that echoes the text reaches the journal too.
+    lab.write_plan({"goal": "g", "steps": [{"tool": "fetch", "input": {"path": WIDE}}]}, "f.json")
+    assert lab.cli("create", "f", "f.json").returncode == 0
+    assert lab.cli("run", "f", AGENT_MAX_ATTEMPTS="1").returncode == 2
+    for args in (
+        ["status", "t", "--json", "--outputs"], ["ls", "--json"], ["export", "f"],
+        ["export", "f", "--format", "otlp-json"],
+    ):  # fmt: skip
+        narrow = lab.cli(*args, PYTHONIOENCODING=encoding)
+        assert (narrow.returncode, narrow.stderr) == (0, ""), args
+        assert narrow.stdout.isascii(), args
+        utf8 = lab.cli(*args).stdout
+        assert WIDE in utf8, args  # the control: the text is there to escape
+        wide = [json.loads(line) for line in utf8.splitlines()]
+        assert [_ageless(v) for v in narrow.jsonl()] == [_ageless(v) for v in wide], args
+    # Text that is not JSON is written in the stream's encoding (Latin-1 holds é).
+    csv = subprocess.run(
+        lab.argv(["export", "f", "--format", "csv"]), cwd=lab.root, capture_output=True,
+        env=lab.env({"PYTHONIOENCODING": encoding}), timeout=120, check=False,
+    )  # fmt: skip
+    assert (csv.returncode, csv.stderr) == (0, b"")
+    assert b"\\u2192" in csv.stdout

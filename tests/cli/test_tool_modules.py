@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ninelives.testing import Lab
 from ninelives.testing.lab import GUIDE_PLAN
 
@@ -64,11 +66,72 @@ def test_a_register_function_and_several_modules(lab: Lab) -> None:
 def test_a_module_that_cannot_load_is_bad_input(lab: Lab) -> None:
     lab.guide_setup()
     lab.write("broken_tools.py", "raise RuntimeError('half-written')\n")
+    # Its register() raises, or cannot take the registry.
+    lab.write("failing_tools.py", "def register(registry):\n    raise RuntimeError('no db')\n")
+    lab.write("wrong_tools.py", "def register():\n    pass\n")
     before = lab.fingerprint()
-    for spec in ("no_such_module", "broken_tools", "not a module", "a..b"):
+    for spec in (
+        "no_such_module", "broken_tools", "not a module", "a..b", "failing_tools", "wrong_tools",
+    ):  # fmt: skip
         result = lab.cli("--tools", spec, "create", "t", "plan.json")
         assert result.returncode == 4, (spec, result.stderr)
         assert result.stderr.startswith("ninelives: error: "), result.stderr
         assert result.stderr.count("\n") == 1
         assert "Traceback" not in result.stderr
     assert lab.fingerprint() == before
+
+
+FINE = "def fine(step_input, ctx, idem_key):\n    return {'ok': True}\n"
+GONE = "def gone(step_input, ctx, idem_key):\n    return {}\n"
+
+
+def _install(root: Path, entry_points: str, module: str) -> str:
+    """A package of tools in the ``ninelives.tools`` group, as installing one would
+    leave it: its module and its ``.dist-info``, in a folder for ``PYTHONPATH``."""
+    site = root / "site"
+    info = site / "lab_plugin-0.1.dist-info"
+    info.mkdir(parents=True)
+    (site / "lab_plugin.py").write_text(module, encoding="utf-8")
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lab-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[ninelives.tools]\n{entry_points}\n")
+    return str(site)
+
+
+def test_an_entry_point_that_cannot_load_is_bad_input(lab: Lab) -> None:
+    # An installed package whose tool is misnamed or whose module fails on
+    # import: the plan that needs the tool is refused (exit 4, one line naming
+    # the tool), as a --tools module that cannot load is; no traceback.
+    lab.guide_setup()
+    site = _install(
+        lab.root,
+        "renamed = lab_plugin:gone\nbroken = lab_broken:tool\nfine = lab_plugin:fine",
+        FINE,
+    )
+    (Path(site) / "lab_broken.py").write_text("raise RuntimeError('half-written')\n")
+    before = lab.fingerprint()
+    for name in ("renamed", "broken"):
+        lab.write_plan({"goal": "g", "steps": [{"tool": name, "input": {}}]}, f"{name}.json")
+        result = lab.cli("create", "t", f"{name}.json", PYTHONPATH=site)
+        assert result.returncode == 4, (name, result.stderr)
+        assert "Traceback" not in result.stderr
+        assert result.stderr.count("\n") == 1, result.stderr
+        assert result.stderr.startswith(f"ninelives: error: tool {name!r}, whose entry point")
+        (lab.root / f"{name}.json").unlink()
+    assert lab.fingerprint() == before
+    # A stored task that needs it (the package broke after create) is refused
+    # before its claim, by run and by a worker alike.
+    lab.write_plan({"goal": "g", "steps": [{"tool": "renamed", "input": {}}]}, "later.json")
+    lab.write("site/lab_plugin.py", GONE)
+    assert lab.cli("submit", "later", "later.json", PYTHONPATH=site).returncode == 0
+    lab.write("site/lab_plugin.py", FINE)
+    ran = lab.cli("run", "later", PYTHONPATH=site)
+    assert (ran.returncode, ran.stderr.count("\n")) == (4, 1), ran.stderr
+    assert "step 0 needs tool 'renamed', whose entry point" in ran.stderr
+    drained = lab.cli("worker", "--drain", "--poll", "0.1", PYTHONPATH=site)
+    assert drained.returncode == 11, drained.stderr
+    assert lab.cli("status", "later").json()["status"] == "pending"
+    # The control: the package's other tool loads and runs.
+    lab.write_plan({"goal": "g", "steps": [{"tool": "fine", "input": {}}]}, "fine.json")
+    assert lab.cli("create", "t", "fine.json", PYTHONPATH=site).returncode == 0
+    assert lab.cli("run", "t", PYTHONPATH=site).returncode == 0
+    assert lab.snapshot("t").outputs[0] == {"ok": True}

@@ -202,8 +202,9 @@ def test_resolve_refuses_bad_input(lab: Lab) -> None:
     _killed_at(lab, "after_effect")
     assert lab.cli("run", TASK).returncode == 8
     before = lab.cli("export", TASK).stdout
-    for args in (["--done", "{not json"], ["--done", "[1, 2]"], ["--done", "NaN"]):
-        bad = lab.cli("resolve", TASK, "0", *args)
+    twice = '{"charged": true, "charged": false}'  # which one did the person mean?
+    for done in ("{not json", "[1, 2]", "NaN", twice):
+        bad = lab.cli("resolve", TASK, "0", "--done", done)
         assert bad.returncode == 4, bad
         assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
     wrong = lab.cli("resolve", TASK, "1", "--retry")

@@ -104,7 +104,7 @@ def test_ids_and_argument_text_are_checked() -> None:
         prepare("../x", flow, [], {})
     assert parse_arguments("[1]") == ([1], {})
     assert parse_arguments('{"a": 1}') == ([], {"a": 1})
-    for bad in ("NaN", "[NaN]", "{", "3", '"s"', "[" * 100_000):
+    for bad in ("NaN", "[NaN]", "{", "3", '"s"', "[" * 100_000, '{"a": 1, "a": 2}'):
         with pytest.raises(PlanError):
             parse_arguments(bad)
 

@@ -124,6 +124,14 @@ def _terminal_width() -> int:
     return max(columns - 2, 20)
 
 
+def _db_arg(text: str) -> str:
+    # An empty --db ('--db "$UNSET"') names no database: as a path it is the
+    # working directory ("database path is a directory: " naming nothing).
+    if not text:
+        raise argparse.ArgumentTypeError("empty: give a SQLite file or a PostgreSQL URL")
+    return text
+
+
 def _command_in(argv: Sequence[str]) -> str | None:
     """The command argparse will dispatch ``argv`` to, or None if that is unclear."""
     tokens = iter(argv)
@@ -150,6 +158,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--db",
+        type=_db_arg,
         default=os.environ.get("NINELIVES_DB") or "state.db",
         help="SQLite file, postgresql:// URL or libpq keyword string ('host=H dbname=D'; "
         "default: $NINELIVES_DB or state.db)",
@@ -175,7 +184,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
             name, help=command.help, description=command.help, formatter_class=_Formatter,
             epilog=f"example:\n  {command.example}",
         )  # fmt: skip
-        p.add_argument("--db", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        p.add_argument("--db", type=_db_arg, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         p.add_argument("--tools", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         p.set_defaults(handler=command.handler)
         command.declare(p)

@@ -9,7 +9,7 @@ import argparse
 import os
 
 from ..errors import InputError, StoreError, VerificationFailed
-from .common import Command, open_reader, settings_of
+from .common import Command, open_reader, settings_of, stored_id
 from .output import flush, out, printable, say, scrub
 
 
@@ -81,7 +81,7 @@ def cmd_torture(args: argparse.Namespace) -> int:
 
 
 def _verify_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("task_id", metavar="TASK", nargs="?")
+    p.add_argument("task_id", metavar="TASK", nargs="?", type=stored_id)
     p.add_argument("--all", action="store_true", help="check every task")
     p.add_argument("--artifacts", metavar="DIR", help="also check the published files in DIR")
 
@@ -147,7 +147,7 @@ def cmd_replay_check(args: argparse.Namespace) -> int:
 
 
 def _replay_check_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("task_id", metavar="TASK", nargs="?")
+    p.add_argument("task_id", metavar="TASK", nargs="?", type=stored_id)
     p.add_argument("--all", action="store_true", help="every unfinished workflow task")
 
 

@@ -87,6 +87,23 @@ def queue_of(args: argparse.Namespace) -> str:
 QUEUE_HELP = "the workers' queue (default: $NINELIVES_QUEUE or 'default')"
 
 
-def task_arg(p: argparse.ArgumentParser) -> None:
-    """The one positional ``TASK_ID``."""
-    p.add_argument("task_id", metavar="TASK_ID")
+def stored_id(text: str) -> str:
+    """The argparse ``type`` of the ``TASK`` of a command about a stored task.
+
+    Undecodable bytes on the command line (``keep\\xff``) arrive as lone
+    surrogates, which no stored id holds (``create`` refuses them) and which no
+    database can be asked about (UTF-8 cannot encode them): such an id is an
+    unknown task (exit 1), as ``../x`` is, before anything is opened.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        from ..errors import UnknownTask
+
+        raise UnknownTask(f"unknown task {text!r}") from None
+    return text
+
+
+def task_arg(p: argparse.ArgumentParser, metavar: str = "TASK_ID") -> None:
+    """The one positional ``TASK_ID`` of a command about a stored task."""
+    p.add_argument("task_id", metavar=metavar, type=stored_id)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import Command, open_runtime
+from .common import Command, open_runtime, task_arg
 from .output import out
 
 
@@ -25,7 +25,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def _cancel_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("task_id", metavar="TASK")
+    task_arg(p, "TASK")
     p.add_argument("--reason", metavar="TEXT", help="why, journaled in task_cancelled")
 
 
@@ -44,7 +44,7 @@ def cmd_fork(args: argparse.Namespace) -> int:
 
 
 def _fork_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("task_id", metavar="TASK")
+    task_arg(p, "TASK")
     p.add_argument("new_id", metavar="NEW_ID")
     p.add_argument(
         "--from", dest="start", type=int, required=True, metavar="STEP",
@@ -70,7 +70,7 @@ def cmd_resolve(args: argparse.Namespace) -> int:
 
 
 def _resolve_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("task_id", metavar="TASK_ID")
+    task_arg(p)
     p.add_argument("step", type=int, metavar="STEP", help="the blocked step's index")
     how = p.add_mutually_exclusive_group(required=True)
     how.add_argument(
@@ -101,7 +101,7 @@ def cmd_approve(args: argparse.Namespace) -> int:
 
 
 def _approve_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("task_id", metavar="TASK_ID")
+    task_arg(p)
     p.add_argument("step", type=int, metavar="STEP", help="the waiting approval step's index")
     p.add_argument("--reject", action="store_true", help="reject: the task fails")
     p.add_argument("--note", metavar="TEXT", help="why (a rejection's note is the task's reason)")

@@ -57,7 +57,44 @@ def json_line(value: Any) -> str:
 
     from ..journal import printable_json
 
-    return re.sub(_UNSAFE, _json_escape, printable_json(value))
+    text = re.sub(_UNSAFE, _json_escape, printable_json(value))
+    if _NARROW_STDOUT:
+        # Outside strings JSON is ASCII, so every other character is in one.
+        text = re.sub("[^\x00-\x7f]", _json_ascii, text)
+    return text
+
+
+def _json_ascii(match: Any) -> str:
+    code = ord(match.group())
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # beyond the BMP: a UTF-16 surrogate pair, as JSON spells it
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
+#: Whether stdout's encoding cannot write every character (``PYTHONIOENCODING=ascii``,
+#: a Latin-1 locale): JSON is then written in ASCII, with ``\\uXXXX`` escapes.
+_NARROW_STDOUT = False
+
+
+def fit_stdout() -> None:
+    """Make a stdout whose encoding cannot write all of Unicode escape what it
+    cannot write (``\\xe9``; JSON as ``\\u00e9``), instead of failing with
+    UnicodeEncodeError halfway through a command's output."""
+    import codecs
+
+    global _NARROW_STDOUT
+    stream = sys.stdout
+    try:
+        name = codecs.lookup(stream.encoding).name
+    except (AttributeError, LookupError, TypeError):
+        return  # no stdout, or not a text stream of a known encoding
+    _NARROW_STDOUT = not name.startswith("utf")
+    if _NARROW_STDOUT:
+        try:
+            stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            pass
 
 
 def _no_secrets(text: str) -> str:
@@ -100,9 +137,11 @@ def redactor(argv: Sequence[str]) -> Callable[[str], str]:
 
 def start(argv: Sequence[str]) -> None:
     """Set up the output of one command run on ``argv``: guard the standard
-    descriptors and redact the passwords ``argv`` names."""
+    descriptors, escape what stdout's encoding cannot write and redact the
+    passwords ``argv`` names."""
     global _scrub
     guard_std_fds()
+    fit_stdout()
     _scrub = redactor(argv)
 
 

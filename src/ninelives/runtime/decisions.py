@@ -13,6 +13,7 @@ from ..errors import InputError, OutputRefused
 from ..journal import encode_output, storable
 from ..models import APPROVAL_TOOL, EventKind, StepStatus, Task
 from ..names import new_run_id
+from ..plan import unique_keys
 from ..store import Decision
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ def resolve(
         raise InputError("say either --done JSON (what the step output) or --retry")
     if done is not None:
         try:
-            value = json.loads(done)
+            value = json.loads(done, object_pairs_hook=unique_keys)  # a key twice: ambiguous
         except (ValueError, RecursionError) as exc:  # too deep for the decoder, too
             raise InputError(f"--done is not JSON: {exc}") from None
         try:

@@ -38,7 +38,9 @@ def lease_settings(
         else:
             return default
         if not 0.05 <= value <= 86400:  # also refuses NaN
-            raise InputError(f"{name.lower()} must be 0.05-86400 seconds, got {value!r}")
+            # Named as it was given: the option (--lease) or the variable.
+            shown = f"--{name.removeprefix('NINELIVES_').lower()}" if given is not None else name
+            raise InputError(f"{shown} must be 0.05-86400 seconds, got {value!r}")
         return value
 
     lease_s = seconds("NINELIVES_LEASE", lease, DEFAULT_LEASE)

@@ -187,7 +187,8 @@ class Registry:
         return tool
 
     def lookup(self, name: str) -> Tool:
-        """The tool called ``name``; :class:`PlanError` if no tool has that name."""
+        """The tool called ``name``; :class:`PlanError` if no tool has that name, or if
+        the installed entry point that names it cannot be loaded."""
         tool = self._tools.get(name)
         if tool is None and self._entry_points:
             tool = self._load_entry_point(name)
@@ -207,7 +208,16 @@ class Registry:
 
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             if ep.name == name:
-                loaded = ep.load()
+                try:
+                    loaded = ep.load()
+                except Exception as exc:  # an installed package's import or name is broken
+                    from ..journal import error_text
+
+                    # A PlanError, as for a tool not installed: refused before any claim.
+                    raise PlanError(
+                        f"tool {name!r}, whose entry point {ep.value!r} cannot load: "
+                        f"{error_text(exc)}"
+                    ) from exc
                 tool = loaded if isinstance(loaded, Tool) else Tool(name=name, fn=loaded)
                 self._tools[name] = tool
                 return tool
@@ -279,8 +289,8 @@ def load_tool_modules(registry: Registry, modules: Iterable[str]) -> Registry:
     A module's tools are those it (or a module inside its package) declared
     with :func:`tool`, and whatever its ``register(registry)`` function, if it
     has one, registers. Modules are found on ``sys.path`` and then in the working
-    directory. A module that cannot be imported is an
-    :class:`~ninelives.errors.InputError` naming it.
+    directory. A module that cannot be imported, or whose ``register`` raises,
+    is an :class:`~ninelives.errors.InputError` naming it.
     """
     import importlib
     import os
@@ -306,5 +316,13 @@ def load_tool_modules(registry: Registry, modules: Iterable[str]) -> Registry:
                     registry.add(declared)
         register = getattr(module, "register", None)
         if callable(register):
-            register(registry)
+            try:
+                register(registry)
+            except Exception as exc:  # the module's own code: as if its import failed
+                from ..journal import error_text
+
+                raise InputError(
+                    f"cannot load tools from module {module_name!r}: its register() "
+                    f"raised {error_text(exc)}"
+                ) from exc
     return registry

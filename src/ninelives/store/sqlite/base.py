@@ -122,6 +122,11 @@ class SQLiteBase(SQLiteHousekeepingWrites):
             print(warning, file=sys.stderr)
         if st is None:
             st = self._create_private(self.path)
+        elif not os.access(self.path, os.W_OK):
+            # SQLite would open the file read-only without a word and, for a WAL
+            # database, create -wal and -shm of the file's read-only mode beside
+            # it: a -shm that keeps the database unwritable after its mode is fixed.
+            raise cannot_write(path, unwritable(self.path) or "the file is not writable")
         try:
             self._conn = connect(
                 self.path,

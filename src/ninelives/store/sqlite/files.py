@@ -7,6 +7,10 @@ opened for writing or waited on:
 * the path is resolved (:func:`os.path.realpath`): a symlink to a database
   opens that database, and its locks, WAL and lock folder are those of the
   real file, so two names of one file share one lock;
+* a path ending with ``/`` is refused: it names a folder (the reads find no
+  database there), though :func:`os.path.realpath` would drop the slash;
+* a file of another database (its ``-wal``, ``-shm`` or ``-journal``, or a file
+  in its lock or blob folder) is refused, see :func:`database_owning`;
 * a symlink whose target does not exist is refused (``sqlite3.connect`` would
   create the target through the link, outside the private-mode creation);
 * anything but a regular file (a folder, a FIFO, a device) is refused: opening a
@@ -55,10 +59,22 @@ def resolve(path: str, *, create: bool) -> tuple[str, os.stat_result | None]:
     ``create``), and anything that is not a single-named regular file.
     """
     shown = path
+    if path.endswith(("/", os.sep)):
+        # realpath drops the slash and would open the file that every read
+        # (os.path.exists("state.db/") is False) says is not there.
+        raise StoreError(
+            f"database path {shown} ends with '/', which names a folder: a database is a file"
+        )
     real = os.path.realpath(path)
     folder = os.path.dirname(real)
     if not os.path.isdir(folder):
         raise StoreError(f"database folder does not exist: {os.path.dirname(shown) or '.'}")
+    owner = database_owning(real)
+    if owner is not None:
+        raise StoreError(
+            f"database path {shown} is a file of the database {owner} (its WAL, journal, "
+            "lock or blob files), not a database: name the database itself"
+        )
     try:
         st = os.stat(real)
     except FileNotFoundError:
@@ -72,6 +88,47 @@ def resolve(path: str, *, create: bool) -> tuple[str, os.stat_result | None]:
         raise StoreError(f"cannot use database {shown}: {exc.strerror}") from None
     check_file(shown, st)
     return real, st
+
+
+#: What SQLite and ninelives keep beside a database ``D``: ``D-wal``, ``D-shm``,
+#: ``D-journal``, and the folders ``D.locks`` and ``D.blobs``.
+_FILE_SUFFIXES = ("-wal", "-shm", "-journal")
+_FOLDER_SUFFIXES = (".locks", ".blobs")
+
+
+def database_owning(real: str) -> str | None:
+    """The SQLite database whose file ``real`` (a real path) is: the ``-wal``,
+    ``-shm`` or ``-journal`` beside it, or a file in its lock or blob folder;
+    None when ``real`` is no such file.
+
+    An idle database's WAL is empty, and SQLite takes an empty file for a new
+    database: opened as one, it would get a whole database written into it.
+    A database is a file starting with the SQLite header."""
+    for suffix in _FILE_SUFFIXES:
+        if real.endswith(suffix) and _is_sqlite(real.removesuffix(suffix)):
+            return real.removesuffix(suffix)
+    folder = os.path.dirname(real)
+    while folder != os.path.dirname(folder):
+        for suffix in _FOLDER_SUFFIXES:
+            if folder.endswith(suffix) and _is_sqlite(folder.removesuffix(suffix)):
+                return folder.removesuffix(suffix)
+        folder = os.path.dirname(folder)
+    return None
+
+
+def _is_sqlite(path: str) -> bool:
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False  # and a FIFO is never opened: that would wait for a writer
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError:  # absent or unreadable: not a database we can tell
+        return False
+    try:
+        return os.pread(fd, len(_MAGIC), 0) == _MAGIC
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def stored_folder(db: str, folder: str | None) -> str | None:
