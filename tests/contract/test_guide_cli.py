@@ -1,0 +1,64 @@
+"""Clauses of the restart-lab contract that the guide's users exercise from the
+command line: each test runs the installed command as a real process on a real
+SQLite file in a fresh folder, and reads the result with the guide's own SQL."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+from ninelives.testing import Lab
+from ninelives.testing.lab import GUIDE_PLAN
+
+TASK = "demo"
+SUMMARY = "Line one\nLine two\nLine three"
+
+
+def created(lab: Lab) -> None:
+    lab.guide_setup()
+    assert lab.cli("create", TASK, "plan.json").returncode == 0
+
+
+def guide_rows(lab: Lab, sql: str, *args: object) -> list[tuple[object, ...]]:
+    """``sql`` as a guide user runs it, on a connection of their own."""
+    path = lab.sqlite_path
+    assert path is not None
+    with sqlite3.connect(path) as conn:
+        return conn.execute(sql, args).fetchall()
+
+
+def test_write_artifact_over_an_existing_final_name_reports_deduplicated(
+    sqlite_lab: Lab,
+) -> None:
+    """Contract: "If the final name already exists the step reports
+    "deduplicated": true and publishes nothing new" -- whatever that file holds
+    (a report kept from an earlier database, notes edited since): the run ends
+    done (exit 0), the file there is left as it is."""
+    lab = sqlite_lab
+    created(lab)
+    lab.write("artifacts/demo-2.md", "the report of an earlier database")
+
+    result = lab.cli("run", TASK)
+
+    assert result.returncode == 0, result.stderr
+    assert lab.artifacts() == {"demo-2.md": "the report of an earlier database"}
+    ((status, attempts, output),) = guide_rows(
+        lab, "SELECT status, attempts, output FROM steps WHERE task_id=? AND idx=2", TASK
+    )
+    assert (status, attempts) == ("done", 1)
+    assert json.loads(str(output))["deduplicated"] is True
+    assert guide_rows(lab, "SELECT status FROM tasks WHERE id=?", TASK) == [("done",)]
+    kinds = [k for (k,) in guide_rows(lab, "SELECT kind FROM events ORDER BY seq")]
+    assert "step_error" not in kinds
+    assert kinds[-1] == "task_done"
+
+
+def test_write_artifact_with_the_same_text_there_is_deduplicated_too(sqlite_lab: Lab) -> None:
+    # The control: the same text at the final name was deduplicated before the fix too.
+    lab = sqlite_lab
+    created(lab)
+    lab.write("artifacts/demo-2.md", SUMMARY)
+    assert lab.cli("run", TASK).returncode == 0
+    assert lab.snapshot(TASK).outputs[2]["deduplicated"] is True
+    assert lab.artifacts() == {"demo-2.md": SUMMARY}
+    assert GUIDE_PLAN["steps"][2]["tool"] == "write_artifact"
