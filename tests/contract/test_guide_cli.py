@@ -62,3 +62,39 @@ def test_write_artifact_with_the_same_text_there_is_deduplicated_too(sqlite_lab:
     assert lab.snapshot(TASK).outputs[2]["deduplicated"] is True
     assert lab.artifacts() == {"demo-2.md": SUMMARY}
     assert GUIDE_PLAN["steps"][2]["tool"] == "write_artifact"
+
+
+def test_agent_artifacts_given_to_run_only_is_where_the_task_publishes(sqlite_lab: Lab) -> None:
+    """The guide reads ``AGENT_ARTIFACTS`` when ``write_artifact`` runs, so its users
+    set it on ``run`` (and on the resume after a kill), not on ``create``."""
+    lab = sqlite_lab
+    created(lab)  # no AGENT_ARTIFACTS here
+
+    killed = lab.cli("run", TASK, AGENT_ARTIFACTS="out", AGENT_CRASH_AT="after_effect:2")
+    assert killed.returncode == -9, killed.stderr
+    resumed = lab.cli("run", TASK, AGENT_ARTIFACTS="out")
+
+    assert resumed.returncode == 0, resumed.stderr
+    assert not (lab.root / "artifacts").exists()
+    assert [p.name for p in (lab.root / "out").iterdir()] == ["demo-2.md"]
+    assert (lab.root / "out" / "demo-2.md").read_text(encoding="utf-8") == SUMMARY
+    rows = guide_rows(lab, "SELECT status, attempts FROM steps WHERE task_id=? ORDER BY idx", TASK)
+    assert rows == [("done", 1), ("done", 1), ("done", 2)]
+    output = json.loads(
+        str(guide_rows(lab, "SELECT output FROM steps WHERE task_id=? AND idx=2", TASK)[0][0])
+    )
+    assert output["deduplicated"] is True  # published once, by the killed attempt
+
+
+def test_another_artifacts_folder_after_a_step_started_is_still_refused(sqlite_lab: Lab) -> None:
+    # The control: once a step has run, the folder is the task's; a run given
+    # another one could publish a second copy, so it is refused (exit 4).
+    lab = sqlite_lab
+    created(lab)
+    killed = lab.cli("run", TASK, AGENT_ARTIFACTS="out", AGENT_CRASH_AT="after_commit:0")
+    assert killed.returncode == -9
+    refused = lab.cli("run", TASK, AGENT_ARTIFACTS="elsewhere")
+    assert refused.returncode == 4, refused.stderr
+    assert lab.cli("run", TASK).returncode == 0  # unset: the folder of the task
+    assert [p.name for p in (lab.root / "out").iterdir()] == ["demo-2.md"]
+    assert not (lab.root / "elsewhere").exists()

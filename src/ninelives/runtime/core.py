@@ -239,6 +239,10 @@ class Runtime(StepRunner):
         :class:`~ninelives.errors.CommitUnknown` if a commit fails: then it stops
         without another write, and the next run recovers.
         """
+        if self.settings.artifacts != DEFAULT_ARTIFACTS:
+            # The guide reads AGENT_ARTIFACTS when its tool runs, so its users give
+            # it to run alone: a task that has never started a step adopts it.
+            self.store.move_artifacts(task_id, os.path.abspath(self.settings.artifacts))
         # The claim transaction also starts the first pending step: with it, a
         # run costs exactly two commits per step, the floor of this design.
         run, task = self.store.begin_run(
