@@ -98,3 +98,26 @@ def test_another_artifacts_folder_after_a_step_started_is_still_refused(sqlite_l
     assert lab.cli("run", TASK).returncode == 0  # unset: the folder of the task
     assert [p.name for p in (lab.root / "out").iterdir()] == ["demo-2.md"]
     assert not (lab.root / "elsewhere").exists()
+
+
+def test_a_done_task_run_again_is_exit_0_whatever_artifacts_folder_it_is_given(
+    sqlite_lab: Lab,
+) -> None:
+    """Contract: ``run`` is exit 0 "also when it was already done" (and 2 for a failed
+    task): a run that has nothing to run publishes nothing, wherever it was told to."""
+    lab = sqlite_lab
+    created(lab)
+    assert lab.cli("run", TASK).returncode == 0
+    lab.write_plan({"goal": "g", "steps": [{"tool": "fetch", "input": {"path": "missing"}}]})
+    assert lab.cli("create", "broken", "plan.json").returncode == 0
+    assert lab.cli("run", "broken", AGENT_MAX_ATTEMPTS="1").returncode == 2
+
+    again = lab.cli("run", TASK, AGENT_ARTIFACTS="elsewhere")
+    failed = lab.cli("run", "broken", AGENT_ARTIFACTS="elsewhere")
+
+    assert again.returncode == 0, again.stderr
+    assert failed.returncode == 2, failed.stderr
+    assert not (lab.root / "elsewhere").exists()
+    assert lab.artifacts() == {"demo-2.md": SUMMARY}
+    kinds = [k for (k,) in guide_rows(lab, "SELECT kind FROM events WHERE task_id=?", TASK)]
+    assert kinds.count("run_started") == 2  # the second process is visible, as the guide's
