@@ -121,3 +121,29 @@ def test_a_done_task_run_again_is_exit_0_whatever_artifacts_folder_it_is_given(
     assert lab.artifacts() == {"demo-2.md": SUMMARY}
     kinds = [k for (k,) in guide_rows(lab, "SELECT kind FROM events WHERE task_id=?", TASK)]
     assert kinds.count("run_started") == 2  # the second process is visible, as the guide's
+
+
+def test_a_large_committed_output_is_in_the_steps_row(sqlite_lab: Lab) -> None:
+    """Contract: ``steps.output`` is the step's output as JSON, set when done, and
+    "the database still has ... every committed step output": a guide user reads
+    ``fetch``'s text of notes of some 150 KB back with their own SQL."""
+    lab = sqlite_lab
+    notes = "".join(f"note {i}: {'words ' * 12}\n" for i in range(2000))
+    lab.guide_setup(notes)
+    assert lab.cli("create", TASK, "plan.json").returncode == 0
+    assert lab.cli("run", TASK).returncode == 0
+
+    ((output,),) = guide_rows(lab, "SELECT output FROM steps WHERE task_id=? AND idx=0", TASK)
+    fetched = json.loads(str(output))
+    assert fetched["text"] == notes
+    assert fetched["chars"] == len(notes)
+
+
+def test_outputs_leave_the_row_only_when_asked(sqlite_lab: Lab) -> None:
+    # The control: NINELIVES_BLOB_THRESHOLD (an extension) still moves them out.
+    lab = sqlite_lab
+    lab.guide_setup("".join(f"note {i}: {'words ' * 12}\n" for i in range(2000)))
+    assert lab.cli("create", TASK, "plan.json").returncode == 0
+    assert lab.cli("run", TASK, NINELIVES_BLOB_THRESHOLD="65536").returncode == 0
+    ((output,),) = guide_rows(lab, "SELECT output FROM steps WHERE task_id=? AND idx=0", TASK)
+    assert "$blob" in json.loads(str(output))
