@@ -37,6 +37,8 @@ class Published:
     deduplicated: bool
     sha256: str
     size: int
+    #: The name already held other content, kept as it was (``keep_other``).
+    differs: bool = False
 
 
 def sha256_hex(data: bytes) -> str:
@@ -90,10 +92,10 @@ def make_folder(folder: str, mode: int = 0o777) -> None:
         fsync_dir(parent)
 
 
-def _check_existing(path: str, expected: str, size: int) -> None:
-    # Whatever is at the name was put there by someone else: a FIFO must not
-    # block the run, a symlink must not be followed, a huge file must not be
-    # read into memory (a different size already says "different content").
+def _existing(path: str) -> tuple[str, int]:
+    """SHA-256 and size of the regular file someone else put at ``path``."""
+    # A FIFO must not block the run, a symlink must not be followed, a huge
+    # file is hashed a chunk at a time, never held in memory.
     try:
         fd = files.open_regular(path)
     except files.NotRegularFile as exc:
@@ -101,11 +103,9 @@ def _check_existing(path: str, expected: str, size: int) -> None:
     except OSError as exc:
         raise ToolError(f"{path} exists but cannot be read: {exc.strerror}") from exc
     try:
-        same = os.fstat(fd).st_size == size and files.sha256_of(fd) == (expected, size)
+        return files.sha256_of(fd)
     finally:
         os.close(fd)
-    if not same:
-        raise ToolError(f"{path} exists with different content; refusing to overwrite it")
 
 
 def write_new(
@@ -117,6 +117,7 @@ def write_new(
     step: int | None = None,
     artifact: bool = False,
     private: bool = False,
+    keep_other: bool = False,
 ) -> Published:
     """Write ``chunks`` durably as a new file in ``folder``; the primitive of
     :func:`publish_once` and of the blob store (:mod:`ninelives.blobs`).
@@ -127,9 +128,11 @@ def write_new(
     SHA-256 hex digest: content-addressed), the temporary name removed and the
     folder fsynced. A final name that already exists is checked: the same
     content is ``deduplicated``; different content is a :class:`ToolError` for
-    an artifact, and for a content-addressed file (whose name says what it must
-    hold) a damaged copy that is replaced. ``artifact`` enables the artifact
-    crash points; ``private`` makes the folder 0700 and the file 0600.
+    an artifact (or, with ``keep_other``, kept as it is and reported
+    ``deduplicated`` with ``differs`` and its own SHA-256), and for a
+    content-addressed file (whose name says what it must hold) a damaged copy
+    that is replaced. ``artifact`` enables the artifact crash points;
+    ``private`` makes the folder 0700 and the file 0600.
     A failed fsync raises :class:`EffectUnknown`; an error raised by ``chunks``
     propagates with the temporary file removed.
     """
@@ -141,12 +144,19 @@ def write_new(
         final = os.path.join(folder, name if name is not None else hexdigest)
         if artifact:
             crashpoints.crash("artifact_before_link", step)
+        differs = False
         try:
             os.link(tmp, final, follow_symlinks=False)
             deduplicated = False
         except FileExistsError:
             if name is not None:
-                _check_existing(final, hexdigest, size)
+                there = _existing(final)
+                differs = there != (hexdigest, size)
+                if differs and not keep_other:
+                    raise ToolError(
+                        f"{final} exists with different content; refusing to overwrite it"
+                    ) from None
+                hexdigest, size = there
                 deduplicated = True
             else:
                 deduplicated = _keep_or_replace(final, tmp, hexdigest, size)
@@ -160,7 +170,9 @@ def write_new(
     # Also on the deduplicated path: the earlier attempt may have died before
     # its folder fsync, and its name must be durable before we report it.
     fsync_dir(folder)
-    return Published(path=final, deduplicated=deduplicated, sha256=hexdigest, size=size)
+    return Published(
+        path=final, deduplicated=deduplicated, sha256=hexdigest, size=size, differs=differs
+    )
 
 
 def _write_all(fd: int, path: str, chunks: Iterable[bytes]) -> tuple[str, int]:

@@ -11,6 +11,11 @@ from .errors import InputError
 
 T = TypeVar("T", int, float)
 
+#: The default ``NINELIVES_BLOB_THRESHOLD``: more than any output can be
+#: (``NINELIVES_MAX_OUTPUT`` is at most 512 MiB), so that every output stays in
+#: its ``steps.output`` row, where the contract's users read it with SQL, unless
+#: a threshold is given.
+BLOB_THRESHOLD_OFF = 1 << 40
 #: The largest ``NINELIVES_BACKOFF`` (and the default cap of every wait, in seconds).
 BACKOFF_CAP = 30.0
 
@@ -39,8 +44,8 @@ class Settings(NamedTuple):
     #: Modules that register tools, imported by the tool registry (``NINELIVES_TOOLS``).
     tool_modules: tuple[str, ...] = ()
     #: Outputs over this many bytes of JSON are stored as blobs, out of the row
-    #: (``NINELIVES_BLOB_THRESHOLD``; see :mod:`ninelives.blobs`).
-    blob_threshold: int = 64 * 1024
+    #: (``NINELIVES_BLOB_THRESHOLD``; see :mod:`ninelives.blobs`); by default none.
+    blob_threshold: int = BLOB_THRESHOLD_OFF
     #: Largest file ``fetch`` reads; one over ``MAX_FETCH_BYTES`` is streamed to
     #: the blob store instead of held in memory (``NINELIVES_MAX_FETCH``).
     max_fetch: int = 1 << 30
@@ -82,7 +87,12 @@ class Settings(NamedTuple):
             backoff=_number(env, "NINELIVES_BACKOFF", 0.5, float, minimum=0, maximum=BACKOFF_CAP),
             tool_modules=parse_tool_modules(env.get("NINELIVES_TOOLS", "")),
             blob_threshold=_number(
-                env, "NINELIVES_BLOB_THRESHOLD", 64 * 1024, int, minimum=0, maximum=1 << 40
+                env,
+                "NINELIVES_BLOB_THRESHOLD",
+                BLOB_THRESHOLD_OFF,
+                int,
+                minimum=0,
+                maximum=BLOB_THRESHOLD_OFF,
             ),
             max_fetch=_number(env, "NINELIVES_MAX_FETCH", 1 << 30, int, minimum=1, maximum=1 << 40),
             llm_timeout=_number(

@@ -4,6 +4,7 @@ task publishes to (recorded at create), and ``Runtime.submit`` (create or resume
 from __future__ import annotations
 
 import shutil
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -74,6 +75,13 @@ def test_a_library_task_resumed_by_the_command_publishes_where_it_began(lab: Lab
 def test_a_run_given_another_artifacts_folder_is_refused(lab: Lab) -> None:
     lab.guide_setup()
     assert lab.cli("create", "t", "plan.json").returncode == 0  # records <lab>/artifacts
+    # Once a step has started, the folder is the task's (before, a run's folder is
+    # adopted, as the guide reads AGENT_ARTIFACTS at run time).
+    assert lab.cli("run", "t", AGENT_CRASH_AT="after_commit:0").returncode == -9
+    if lab.sqlite_path is not None:  # the kill left a WAL: settle it into the file first
+        conn = sqlite3.connect(lab.sqlite_path)
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.close()
     before = lab.fingerprint("t")
     refused = lab.cli("run", "t", AGENT_ARTIFACTS="other")
     assert refused.returncode == 4

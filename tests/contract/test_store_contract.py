@@ -670,3 +670,21 @@ def test_sqlite_reading_a_task_reads_its_goal_once(tmp_path: Path) -> None:
         assert (store.get_task("none").goal, store.get_task("none").steps) == (goal, ())
     finally:
         store.close()
+
+
+def test_move_artifacts_only_while_no_step_has_started(store: Store, tmp_path: Path) -> None:
+    first, given = str(tmp_path / "first"), str(tmp_path / "given")
+    store.create_task("t1", PLAN, artifacts=first)
+    store.create_task("guide", PLAN)  # no folder recorded: the runner's settings decide
+    assert store.move_artifacts("t1", given) is True
+    assert store.get_task("t1").artifacts == given
+    assert store.move_artifacts("t1", given) is False  # idempotent: nothing to change
+    assert store.move_artifacts("guide", given) is False
+    assert store.get_task("guide").artifacts is None
+    assert store.move_artifacts("nope", given) is False
+
+    run, _ = store.begin_run("t1", "r1", start_first=True)
+    store.end_run(run)
+    # A step has started: something may be published in the recorded folder.
+    assert store.move_artifacts("t1", first) is False
+    assert store.get_task("t1").artifacts == given

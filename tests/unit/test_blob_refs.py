@@ -52,7 +52,9 @@ def test_nested_references_are_found_anywhere() -> None:
 
 
 def test_the_settings_of_large_outputs() -> None:
-    assert Settings.from_env({}).blob_threshold == 64 * 1024
+    # Off by default: the contract's steps.output holds the output itself.
+    assert Settings.from_env({}).blob_threshold > Settings.from_env({}).max_output
+    assert Settings.from_env({}).blob_threshold >= 512 * 1024 * 1024
     assert Settings.from_env({}).max_fetch == 1 << 30
     assert Settings.from_env({"NINELIVES_BLOB_THRESHOLD": "0"}).blob_threshold == 0
     for name, value in [

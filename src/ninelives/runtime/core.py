@@ -239,6 +239,10 @@ class Runtime(StepRunner):
         :class:`~ninelives.errors.CommitUnknown` if a commit fails: then it stops
         without another write, and the next run recovers.
         """
+        if self.settings.artifacts != DEFAULT_ARTIFACTS:
+            # The guide reads AGENT_ARTIFACTS when its tool runs, so its users give
+            # it to run alone: a task that has never started a step adopts it.
+            self.store.move_artifacts(task_id, os.path.abspath(self.settings.artifacts))
         # The claim transaction also starts the first pending step: with it, a
         # run costs exactly two commits per step, the floor of this design.
         run, task = self.store.begin_run(
@@ -289,7 +293,10 @@ class Runtime(StepRunner):
 
         refuse_parked(task)
         self.resolve_tools(task)
-        if self.settings.artifacts != DEFAULT_ARTIFACTS:
+        # A done or failed task runs nothing and publishes nothing: its run is the
+        # contract's exit 0 or 2 whatever folder it was given.
+        finished = task.status in (TaskStatus.DONE, TaskStatus.FAILED)
+        if self.settings.artifacts != DEFAULT_ARTIFACTS and not finished:
             self._check_artifacts(task)
 
     def unknown_modes(self) -> Callable[[Step], str]:

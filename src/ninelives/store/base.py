@@ -316,6 +316,14 @@ class Operator(Protocol):
         """
         ...
 
+    def move_artifacts(self, task_id: str, folder: str) -> bool:
+        """Record ``folder`` (absolute) as the task's artifacts folder in place of
+        the one of create, in one transaction, if the task is ``pending``, has
+        recorded a folder and has never started a step (so nothing can have been
+        published in the old one); True if it did. Otherwise, or for an unknown
+        task, changes nothing and returns False. Idempotent."""
+        ...
+
     def retry_task(
         self, task_id: str, run_id: str, *, step: int | None = None, grant: Grant | None = None
     ) -> Task:
@@ -475,6 +483,9 @@ class ReadOnly:
 
     def settle_step(self, run: Run, *args: Any, **options: Any) -> str | None:
         raise self.refusal(run)
+
+    def move_artifacts(self, task_id: str, folder: str) -> bool:
+        raise self.refusal(task_id)
 
     def retry_task(self, task_id: str, *args: Any, **options: Any) -> Task:
         raise self.refusal(task_id)

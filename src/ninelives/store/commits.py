@@ -476,6 +476,18 @@ class SharedCommits:
                 tx, run, idx, tool, given, policy=policy, tool_version=tool_version, delay=delay
             )
 
+    def move_artifacts(self, task_id: str, folder: str) -> bool:
+        # Read first, so that the common case (a task that has run, or has no
+        # folder of its own) costs no write transaction; the UPDATE checks again.
+        row = self.task_row(task_id)  # get_task's columns: status 2, artifacts 6
+        if row is None or row[2] != TaskStatus.PENDING.value or row[6] is None:
+            return False
+        with self.transaction() as tx:
+            return (
+                tx.row("move_artifacts", {"id": task_id, "artifacts": tx.stored_folder(folder)})
+                is not None
+            )
+
     def cancel_task(
         self, task_id: str, run_id: str, *, reason: str | None = None
     ) -> tuple[Task, bool]:

@@ -267,7 +267,10 @@ def make_write_artifact(settings: Settings) -> Tool:
 
     Publishes the summary as ``<artifacts>/<idem_key>.md`` exactly once in
     outcome (the folder recorded with the task, else ``settings.artifacts``), or
-    with ``AGENT_UNSAFE_EFFECTS=1`` appends it to ``report.log``.
+    with ``AGENT_UNSAFE_EFFECTS=1`` appends it to ``report.log``. A regular
+    file already at the final name is kept and reported ``"deduplicated": true``
+    (with ``"differs": true``, and its own ``sha256`` and ``bytes``, when it holds
+    other text).
     The form a model calls, ``{"name", "text"}``, publishes ``text`` as
     ``<artifacts>/<idem_key>+<name>`` (:func:`~ninelives.tools.effects.model_artifact`).
     """
@@ -294,13 +297,21 @@ def make_write_artifact(settings: Settings) -> Tool:
             # An attempt of an older version may have published it under the name
             # of before (``<idem_key>-<name>``): found there, it is not published twice.
             earlier = effects.holds(folder, f"{idem_key}-{step_input['name']}", data)
-        published = earlier or effects.publish_once(folder, name, data, step=_step_of(idem_key))
-        return {
+        # The contract form keeps whatever file is already at its final name and
+        # reports it deduplicated, as the guide's agent does (a report kept from an
+        # earlier database); a model's named artifact is refused instead.
+        published = earlier or effects.publish_once(
+            folder, name, data, step=_step_of(idem_key), keep_other="from" in step_input
+        )
+        output = {
             "path": published.path,
             "deduplicated": published.deduplicated,
             "sha256": published.sha256,
             "bytes": published.size,
         }
+        if published.differs:
+            output["differs"] = True  # the sha256 and bytes are those of the file there
+        return output
 
     return Tool(
         name="write_artifact",

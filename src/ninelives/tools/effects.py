@@ -67,19 +67,24 @@ def artifacts_folder(default: str | None = None) -> str:
     return os.environ.get("AGENT_ARTIFACTS") or "artifacts"
 
 
-def publish_once(folder: str, name: str, data: bytes, *, step: int | None = None) -> Published:
+def publish_once(
+    folder: str, name: str, data: bytes, *, step: int | None = None, keep_other: bool = False
+) -> Published:
     """Publish ``data`` as ``folder/name`` unless that name already holds it.
 
     Idempotent: a second call with the same content returns
-    ``deduplicated=True`` and changes nothing. A different file already at the
-    name (or a symlink) is a :class:`ToolError`, never overwritten or followed.
+    ``deduplicated=True`` and changes nothing. A different regular file already
+    at the name is a :class:`ToolError`; with ``keep_other`` it is kept as it is
+    and reported ``deduplicated=True, differs=True`` (the contract's
+    ``write_artifact``). Either way it is never overwritten, and a symlink, a
+    folder or a device there is never followed (a :class:`ToolError`).
     A failed fsync, or storage that is failing or full, raises
     :class:`~ninelives.errors.EffectUnknown` (the temporary file is removed).
     """
     if not name or "/" in name or name.startswith(".") or "\0" in name:
         raise ToolError(f"unsafe artifact name {name!r}")
     try:
-        return _publish(folder, name, data, step)
+        return _publish(folder, name, data, step, keep_other)
     except OSError as exc:
         if exc.errno in STORAGE_ERRNOS:
             raise EffectUnknown(
@@ -89,9 +94,11 @@ def publish_once(folder: str, name: str, data: bytes, *, step: int | None = None
         raise
 
 
-def _publish(folder: str, name: str, data: bytes, step: int | None) -> Published:
+def _publish(folder: str, name: str, data: bytes, step: int | None, keep_other: bool) -> Published:
     temp = f".{name}.{os.urandom(8).hex()}.tmp"
-    return write_new(folder, temp, [data], name=name, step=step, artifact=True)
+    return write_new(
+        folder, temp, [data], name=name, step=step, artifact=True, keep_other=keep_other
+    )
 
 
 def append_unsafe(path: str, data: bytes) -> None:

@@ -331,6 +331,16 @@ VALUES (%(version)s, %(name)s, extract(epoch FROM clock_timestamp()));
 -- One migrator at a time per database; released at commit.
 SELECT pg_advisory_xact_lock(hashtextextended('ninelives-schema', 0));
 
+-- name: move_artifacts
+-- The artifacts folder a run was given, recorded in place of the one of create
+-- while no step of the task has ever started: nothing can be published in the
+-- old one yet. A task of the guide (NULL) keeps following the runner's settings.
+UPDATE tasks SET artifacts = %(artifacts)s
+WHERE id = %(id)s AND status = 'pending' AND artifacts IS NOT NULL
+  AND artifacts <> %(artifacts)s
+  AND NOT EXISTS (SELECT 1 FROM events WHERE task_id = %(id)s AND kind = 'step_started')
+RETURNING id;
+
 -- name: retry_task
 -- A failed task back to pending under a new epoch, so that no runner from
 -- before the retry can commit to it again; its lease is free for the next claim.

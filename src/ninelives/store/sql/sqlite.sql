@@ -217,6 +217,15 @@ SELECT id, goal, status, created_at, updated_at, 0, NULL FROM tasks WHERE id = :
 -- name: get_task_unrecorded
 -- SQLite only, read-only commands on a schema older than 0005 (no artifacts folder).
 SELECT id, goal, status, created_at, updated_at, lease_epoch, NULL FROM tasks WHERE id = :id;
+-- name: move_artifacts
+-- The artifacts folder a run was given, recorded in place of the one of create
+-- while no step of the task has ever started: nothing can be published in the
+-- old one yet. A task of the guide (NULL) keeps following the runner's settings.
+UPDATE tasks SET artifacts = :artifacts
+WHERE id = :id AND status = 'pending' AND artifacts IS NOT NULL AND artifacts <> :artifacts
+  AND NOT EXISTS (SELECT 1 FROM events WHERE task_id = :id AND kind = 'step_started')
+RETURNING id;
+
 -- name: retry_task
 -- A failed task back to pending under a new epoch, so that no runner from
 -- before the retry can commit to it again.
