@@ -149,17 +149,11 @@ def write_new(
             os.link(tmp, final, follow_symlinks=False)
             deduplicated = False
         except FileExistsError:
-            if name is not None:
-                there = _existing(final)
-                differs = there != (hexdigest, size)
-                if differs and not keep_other:
-                    raise ToolError(
-                        f"{final} exists with different content; refusing to overwrite it"
-                    ) from None
-                hexdigest, size = there
-                deduplicated = True
-            else:
+            if name is None:
                 deduplicated = _keep_or_replace(final, tmp, hexdigest, size)
+            else:
+                hexdigest, size, differs = _already_named(final, (hexdigest, size), keep_other)
+                deduplicated = True
     finally:
         try:
             os.unlink(tmp)
@@ -173,6 +167,16 @@ def write_new(
     return Published(
         path=final, deduplicated=deduplicated, sha256=hexdigest, size=size, differs=differs
     )
+
+
+def _already_named(final: str, wrote: tuple[str, int], keep_other: bool) -> tuple[str, int, bool]:
+    """The SHA-256 and size of what the name ``final`` already holds, and whether
+    it differs from ``wrote``: a :class:`ToolError` then, unless ``keep_other``."""
+    there = _existing(final)
+    differs = there != wrote
+    if differs and not keep_other:
+        raise ToolError(f"{final} exists with different content; refusing to overwrite it")
+    return there[0], there[1], differs
 
 
 def _write_all(fd: int, path: str, chunks: Iterable[bytes]) -> tuple[str, int]:

@@ -24,16 +24,7 @@ from ...errors import (
 )
 from ...journal import dumps
 from ...locking import TaskLock, is_held
-from ...models import (
-    Event,
-    EventKind,
-    Run,
-    Step,
-    StepStatus,
-    Task,
-    TaskStatus,
-    damaged,
-)
+from ...models import Event, EventKind, Run, Step, StepStatus, Task, TaskStatus, damaged
 from .. import commits
 from ..base import Appended, Grant, StepNotDue
 from ..rules import (
