@@ -239,21 +239,29 @@ class Runtime(StepRunner):
         :class:`~ninelives.errors.CommitUnknown` if a commit fails: then it stops
         without another write, and the next run recovers.
         """
-        if self.settings.artifacts != DEFAULT_ARTIFACTS:
+        try:
+            run, task = self._begin_run(task_id)
+        except _OtherFolder:
             # The guide reads AGENT_ARTIFACTS when its tool runs, so its users give
-            # it to run alone: a task that has never started a step adopts it.
-            self.store.move_artifacts(task_id, os.path.abspath(self.settings.artifacts))
-        # The claim transaction also starts the first pending step: with it, a
-        # run costs exactly two commits per step, the floor of this design.
-        run, task = self.store.begin_run(
-            task_id, new_run_id(), start_first=True, check=self._claimable,
-            max_recoveries=self.settings.max_recoveries, tool_version=self.tool_version,
-            on_unknown=self.unknown_modes(),
-        )  # fmt: skip
+            # it to run alone: a task that has never started a step adopts it (the
+            # claim refused it before writing); any other keeps the refusal. Only
+            # this path pays for it.
+            if not self.store.move_artifacts(task_id, os.path.abspath(self.settings.artifacts)):
+                raise
+            run, task = self._begin_run(task_id)
         try:
             return self.execute(run, task)
         finally:
             self.store.end_run(run)
+
+    def _begin_run(self, task_id: str) -> tuple[Run, Task]:
+        # The claim transaction also starts the first pending step: with it, a
+        # run costs exactly two commits per step, the floor of this design.
+        return self.store.begin_run(
+            task_id, new_run_id(), start_first=True, check=self._claimable,
+            max_recoveries=self.settings.max_recoveries, tool_version=self.tool_version,
+            on_unknown=self.unknown_modes(),
+        )  # fmt: skip
 
     def cancel(self, task_id: str, *, reason: str | None = None) -> tuple[Task, bool]:
         """Cancel the task: it becomes ``cancelled`` (``task_cancelled``) and is never
@@ -422,7 +430,7 @@ class Runtime(StepRunner):
     def _check_artifacts(self, task: Task) -> None:
         configured = os.path.abspath(self.settings.artifacts)
         if task.artifacts is not None and not _same_folder(task.artifacts, configured):
-            raise InputError(
+            raise _OtherFolder(
                 f"task {task.id!r} publishes to {task.artifacts} (recorded at create), but this "
                 f"run was given {configured} (AGENT_ARTIFACTS or Settings.artifacts): an artifact "
                 "published there could be published a second time; unset it or give the same folder"
@@ -434,6 +442,10 @@ class Runtime(StepRunner):
             if event.kind == EventKind.TASK_FAILED.value:
                 return str(event.data.get("reason", "no reason recorded"))
         return "no reason recorded"
+
+
+class _OtherFolder(InputError):
+    """A run given another artifacts folder than its task's (exit 4 unless adopted)."""
 
 
 def workflow_result(events: list[Event]) -> Any:
