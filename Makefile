@@ -2,7 +2,7 @@
 #   make demo       create, kill, resume and show a task on the embedded SQLite default
 #   make test       lint, type-check, the docs site (mkdocs build --strict), the whole
 #                   suite (starts its own PostgreSQL), the reliability slice, then the
-#                   demo from a fresh copy and from a built wheel: 45 to 55 minutes on
+#                   demo from a fresh copy and from a built wheel: 45 to 60 minutes on
 #                   2 cores; this is what CI runs
 #   make test-fast  lint and the quick tests only (no PostgreSQL, nothing marked slow):
 #                   about 3 minutes of CPU, without the benchmark peers installed
