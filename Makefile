@@ -65,7 +65,7 @@ lint: $(VENV)/.dev
 	$(BIN)/mypy
 
 test: $(VENV)/.installed lint docs system-deps
-	@echo "==> the whole suite: real processes killed with SIGKILL, a throwaway PostgreSQL (about 45 minutes on 2 cores)"
+	@echo "==> the whole suite: real processes killed with SIGKILL, a throwaway PostgreSQL (about 55 minutes on 2 cores)"
 	NINELIVES_FORBID_SKIPS=1 $(BIN)/pytest
 	@echo "==> the reliability slice: random kills, power cuts, I/O faults, simulation seeds (about 1 minute)"
 	$(BIN)/python bench/reliability.py --quick
