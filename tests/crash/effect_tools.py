@@ -10,6 +10,7 @@ file named by the key, which the probes look for, as a payment service's
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -42,6 +43,16 @@ def _probe(ctx: ToolContext) -> Mapping[str, Any] | None:
 
 def _liar(ctx: ToolContext) -> Mapping[str, Any] | None:
     return None  # the negative control: a probe that never finds the effect
+
+
+def _fatal_probe(ctx: ToolContext) -> Mapping[str, Any] | None:
+    os.kill(os.getpid(), signal.SIGKILL)  # asking kills the process (out of memory, a crash)
+    return None
+
+
+@tool("charge_fatal_probe", on_unknown="probe", probe=_fatal_probe)
+def charge_fatal_probe(step_input: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    return _charge(ctx)
 
 
 @tool("charge_rerun")

@@ -297,6 +297,34 @@ def test_a_probe_that_finds_nothing_counts_toward_the_recovery_limit(lab: Lab) -
 
 
 @pytest.mark.slow
+def test_a_probe_that_kills_its_process_fails_its_task_past_the_recovery_limit(lab: Lab) -> None:
+    """A probe whose process dies whenever it is asked (out of memory, a crash)
+    stops at ``NINELIVES_MAX_RECOVERIES``: each claim that found the step running
+    counts, though a probe's recovery is journaled only with its answer. It was
+    asked again forever, every run killed. The claim past the limit asks no more
+    (the probe is asked once past it, as a probe that answers may settle the step)."""
+    _setup(lab, "charge_fatal_probe")
+    lab.base_env["NINELIVES_MAX_RECOVERIES"] = "1"
+    _killed_at(lab, "before_effect")
+    for _ in range(2):  # found running; asking its probe kills the run
+        asked = lab.cli("run", TASK)
+        assert asked.returncode == -9, asked
+    failed = lab.cli("run", TASK)  # found running a third time: the probe is not asked
+    assert failed.returncode == 2, failed
+    last = failed.stderr.strip().splitlines()[-1]
+    assert "found running after its process died 3 times" in last
+    assert "NINELIVES_MAX_RECOVERIES" in last
+    status = _verified(lab)
+    assert status["status"] == "failed"
+    assert [s["status"] for s in status["steps"]] == ["failed"]  # type: ignore[index]
+    assert kinds(lab)[-3:] == ["step_recovered", "run_started", "task_failed"]
+    assert effects(lab) == 0
+    assert lab.cli("retry", TASK).returncode == 0
+    assert lab.cli("run", TASK).returncode == 0
+    assert effects(lab) == 1
+
+
+@pytest.mark.slow
 def test_verify_agrees_with_a_person_running_a_step_again_past_the_recovery_limit(
     lab: Lab,
 ) -> None:

@@ -1,7 +1,8 @@
 """The domain rules as commits, written once against :class:`Transaction`, the
 small interface both backends provide (as dbos's ``SystemDatabase`` and huey's
-``BaseSqlStorage`` do): cancel, fork, park/settle/decide, a claim's recovery,
-the cancel-aware refusal and what a cancelled runner still owes.
+``BaseSqlStorage`` do): cancel, fork, settle/decide, the cancel-aware refusal
+and what a cancelled runner still owes. A claim's recovery and parking are
+:mod:`.recovery`.
 
 Each function runs inside one transaction the backend opened, so each store
 method stays one transaction. What truly differs stays in the backends: the
@@ -22,12 +23,9 @@ from ..errors import LeaseLost, StoreError, TaskExists
 from ..journal import dumps
 from ..models import EventKind, Run, Step, StepStatus, Task, TaskStatus, damaged
 from ..policy import error_data, failure_reason
+from .recovery import park, worn_out
 from .rules import (
-    PARK_EVENT,
-    REFUSE_REASON,
     decision_target,
-    recover_unknown,
-    recovery_limit_reason,
     task_exists,
 )
 
@@ -281,55 +279,6 @@ def extend_plan(
         tx.run("set_plan_sha256", {"id": task_id, "plan_sha256": digest})
 
 
-def recover(
-    tx: Transaction,
-    task_id: str,
-    run_id: str,
-    recovered: Sequence[int],
-    on_unknown: Callable[[Step], str] | None,
-    task: Task | None = None,
-) -> tuple[list[int], bool]:
-    """Inside the claim: each step found running, by its mode (``task`` as the
-    claim read it, else read here only when a mode is asked). Returns the steps
-    recovered to be run again (whose ``step_recovered`` the caller journals, with
-    its recovery limit) and whether a step was left running for its probe."""
-    if not recovered:
-        return [], False
-    if on_unknown is None:
-        tx.run("recover_steps", {"id": task_id})
-        return list(recovered), False
-    task = tx.load(task_id) if task is None else task
-    rerun, probing = [], False
-    for idx, mode in recover_unknown(task, recovered, on_unknown).items():
-        if mode == "probe":
-            probing = True  # stays running until the probe's answer is committed
-        elif mode == "refuse":
-            tx.event(task_id, run_id, EventKind.STEP_RECOVERED, idx, {"on_unknown": mode})
-            park(tx, task_id, run_id, idx, StepStatus.BLOCKED, {"reason": REFUSE_REASON})
-        else:
-            tx.run("recover_step", {"id": task_id, "idx": idx})
-            rerun.append(idx)
-    return rerun, probing
-
-
-def park(
-    tx: Transaction,
-    task_id: str,
-    run_id: str,
-    idx: int,
-    status: StepStatus,
-    data: dict[str, Any],
-) -> None:
-    """Park step ``idx`` and its task as ``status`` (see :meth:`Store.park_step`)."""
-    tx.changes_one(
-        "park_step",
-        {"id": task_id, "idx": idx, "status": status.value},
-        f"task {task_id!r} step {idx} is neither pending nor running",
-    )
-    tx.run("park_task", {"id": task_id, "status": status.value})
-    tx.event(task_id, run_id, PARK_EVENT[status], idx, data)
-
-
 def settle(
     tx: Transaction,
     run: Run,
@@ -347,7 +296,7 @@ def settle(
     # against the same limit (read before this one is journaled).
     worn = None
     if output is None and block is None:
-        worn = _worn_out(tx, run.task_id, idx, max_recoveries)
+        worn = worn_out(tx, run.task_id, idx, max_recoveries)
     tx.event(run.task_id, run.run_id, EventKind.STEP_RECOVERED, idx, {"on_unknown": "probe"})
     if output is not None:
         tx.changes_one("settle_step", {**params, "status": "done", "output": output}, not_running)
@@ -364,16 +313,6 @@ def settle(
         tx.changes_one("recover_step", params, not_running)
     crashpoints.crash("settle_before_commit", idx)
     return worn
-
-
-def _worn_out(tx: Transaction, task_id: str, idx: int, limit: int | None) -> str | None:
-    """The ``task_failed`` reason when recovering step ``idx`` once more passes
-    ``limit`` (as a claim counts a rerun's: every ``step_recovered`` so far), else None."""
-    if limit is None:
-        return None
-    row = tx.row("recoveries", {"id": task_id, "idx": idx})
-    count = (int(row[0]) if row else 0) + 1
-    return recovery_limit_reason(idx, count, limit) if count > limit else None
 
 
 def decide(tx: Transaction, task_id: str, run_id: str, idx: int, decision: Decision) -> Task:

@@ -7,6 +7,7 @@ inside their transactions.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +65,16 @@ def recover_unknown(
         return dict.fromkeys(recovered, "rerun")
     steps = {s.idx: s for s in task.steps}
     return {idx: on_unknown(steps[idx]) for idx in recovered}
+
+
+def recovered_by(data: str) -> list[Any]:
+    """The steps a ``run_started`` event's ``data`` says its claim found running
+    (none when the text is not the object the runner wrote)."""
+    try:
+        found = json.loads(data).get("recovered")
+    except (ValueError, TypeError, AttributeError):
+        return []
+    return found if isinstance(found, list) else []
 
 
 def first_pending_step(task: Task) -> Step | None:

@@ -58,13 +58,12 @@ from ...models import (
     TaskStatus,
 )
 from ...plan import Plan
-from .. import commits
+from .. import commits, recovery
 from ..base import Grant
 from ..conninfo import Redactor, redact_url
 from ..leases import DEFAULT_LEASE, fencing_disabled, heartbeat_disabled
 from ..rules import (
     first_pending_step,
-    recovery_limit_reason,
     retry_target,
     step_rows,
     task_exists,
@@ -349,27 +348,10 @@ class PostgresStore(StepCommits, PostgresHousekeeping, commits.SharedCommits):
     ) -> tuple[Run, Task]:
         conn.execute(Q["holder_lock"], {"id": task_id, "epoch": epoch})
         recovered = [r[0] for r in conn.execute(Q["running_steps"], {"id": task_id})]
-        rerun, probing = commits.recover(
-            PostgresTransaction(self, conn), task_id, run_id, recovered, on_unknown
-        )
-        worn_out: tuple[int, int] | None = None
-        for idx in rerun:
-            if max_recoveries is not None and worn_out is None:
-                count = int(scalar(conn, Q["recoveries"], {"id": task_id, "idx": idx})) + 1
-                if count > max_recoveries:
-                    worn_out = (idx, count)
-            self.journal_event(conn, task_id, run_id, EventKind.STEP_RECOVERED, idx)
-        self.journal_event(
-            conn, task_id, run_id, EventKind.RUN_STARTED, None, {"recovered": recovered}
-        )
-        if worn_out is not None:
-            idx, count = worn_out
-            conn.execute(Q["step_failed"], {"id": task_id, "idx": idx})
-            conn.execute(Q["fail_task"], {"id": task_id})
-            reason = recovery_limit_reason(idx, count, max_recoveries)
-            self.journal_event(
-                conn, task_id, run_id, EventKind.TASK_FAILED, idx, {"reason": reason}
-            )
+        probing, _ = recovery.recover(
+            PostgresTransaction(self, conn), task_id, run_id, recovered, on_unknown,
+            max_recoveries=max_recoveries,
+        )  # fmt: skip
         task = self.load(conn, task_id)
         # Steps run in order: a step left running for its probe comes first.
         started = (

@@ -192,6 +192,12 @@ SELECT count(*) FROM tasks WHERE queue = %(queue)s AND status IN ('pending', 'ru
 SELECT count(*) FROM events
 WHERE task_id = %(id)s AND step_idx = %(idx)s AND kind = 'step_recovered';
 
+-- name: recovery_history
+-- A claim's count for a step left running for its probe: the runs that found a
+-- step running and the step's journaled recoveries. Read only then.
+SELECT kind, data FROM events
+WHERE task_id = %(id)s AND (kind = 'run_started' OR (kind = 'step_recovered' AND step_idx = %(idx)s));
+
 -- name: fail_task
 UPDATE tasks SET status = 'failed', updated_at = ninelives_now() WHERE id = %(id)s;
 

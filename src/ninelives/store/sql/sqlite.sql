@@ -132,6 +132,12 @@ WHERE queue = :queue AND status IN ('pending', 'running')
 SELECT count(*) FROM events
 WHERE task_id = :id AND step_idx = :idx AND kind = 'step_recovered';
 
+-- name: recovery_history
+-- A claim's count for a step left running for its probe: the runs that found a
+-- step running and the step's journaled recoveries. Read only then.
+SELECT kind, data FROM events
+WHERE task_id = :id AND (kind = 'run_started' OR (kind = 'step_recovered' AND step_idx = :idx));
+
 -- name: fail_task
 UPDATE tasks SET status = 'failed', updated_at = :now WHERE id = :id;
 

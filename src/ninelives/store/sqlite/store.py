@@ -25,13 +25,12 @@ from ...errors import (
 from ...journal import dumps
 from ...locking import TaskLock, is_held
 from ...models import Event, EventKind, Run, Step, StepStatus, Task, TaskStatus, damaged
-from .. import commits
+from .. import commits, recovery
 from ..base import Appended, Grant, StepNotDue
 from ..rules import (
     appended_rows,
     finished_data,
     first_pending_step,
-    recovery_limit_reason,
     retry_target,
     step_rows,
     task_exists,
@@ -314,44 +313,9 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
         on_unknown: Callable[[Step], str] | None,
         now: float,
     ) -> tuple[bool, bool]:
-        """Inside the claim: the steps found running recovered by their modes, then
-        ``run_started``; the task failed if a step reached ``max_recoveries``.
-        Returns whether a step is left running for its probe, and whether any
-        step's row changed (then the claim reads the task again)."""
-        task_id = task.id
-        rerun, probing = commits.recover(
-            SQLiteTransaction(self, conn, now), task_id, run_id, recovered, on_unknown, task
-        )
-        worn_out: tuple[int, int] | None = None
-        for idx in rerun:
-            if max_recoveries is not None and worn_out is None:
-                times = conn.execute(Q["recoveries"], {"id": task_id, "idx": idx})
-                count = int(times.fetchone()[0]) + 1
-                if count > max_recoveries:
-                    worn_out = (idx, count)
-            self.journal_event(conn, task_id, run_id, EventKind.STEP_RECOVERED, idx, None, now)
-        self.journal_event(
-            conn, task_id, run_id, EventKind.RUN_STARTED, None,
-            {"recovered": recovered}, now,
-        )  # fmt: skip
-        if worn_out is not None:
-            self._fail_worn_out(conn, task_id, run_id, worn_out, max_recoveries, now)
-        return probing, bool(recovered) or worn_out is not None
-
-    def _fail_worn_out(
-        self,
-        conn: sqlite3.Connection,
-        task_id: str,
-        run_id: str,
-        worn_out: tuple[int, int],
-        limit: int | None,
-        now: float,
-    ) -> None:
-        idx, count = worn_out
-        conn.execute(Q["step_failed"], {"id": task_id, "idx": idx})
-        conn.execute(Q["fail_task"], {"id": task_id, "now": now})
-        data = {"reason": recovery_limit_reason(idx, count, limit)}
-        self.journal_event(conn, task_id, run_id, EventKind.TASK_FAILED, idx, data, now)
+        """Inside the claim: :func:`ninelives.store.commits.recover`."""
+        tx = SQLiteTransaction(self, conn, now)
+        return recovery.recover(tx, task.id, run_id, recovered, on_unknown, task, max_recoveries)
 
     def _start_first(
         self,
