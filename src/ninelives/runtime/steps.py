@@ -23,7 +23,7 @@ from ..journal import dumps, encode_output
 from ..models import AGENT_TOOL, APPROVAL_TOOL, Run, Step, StepProgress, StepStatus, Task
 from ..policy import Limits, StepTimeout, describe, limits_for, retry_delay
 from ..settings import Settings
-from ..store import StepNotDue, Store, open_store
+from ..store import StepNotDue, Store
 
 if TYPE_CHECKING:
     from ..agent import Continuation
@@ -285,12 +285,8 @@ class StepRunner:
             )
             # The slot's own store is busy in the tool. The fenced commit renews
             # the lease, so it must keep the running store's length (a worker's
-            # --lease), not the default: PostgreSQL stores carry both; SQLite has none.
-            other = open_store(
-                self.store.url,
-                lease=getattr(self.store, "lease", None),
-                heartbeat=getattr(self.store, "heartbeat", None),
-            )
+            # --lease), not the default: reopen keeps it.
+            other = self.store.reopen()
             try:
                 self.record_error(run, step, attempt, StepTimeout(timeout), limits, store=other)
             except (TaskFailed, TaskCancelled):

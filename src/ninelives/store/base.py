@@ -266,6 +266,12 @@ class Runner(Protocol):
         """Release the runner's hold on the task (lock or lease). Idempotent; never raises."""
         ...
 
+    def reopen(self) -> Store:
+        """Another connection to this database with this store's settings (on
+        PostgreSQL its lease and heartbeat, which a fenced commit renews): for a
+        commit from another thread while this store's connection is busy."""
+        ...
+
     def park_step(self, run: Run, idx: int, status: StepStatus, data: dict[str, Any]) -> None:
         """Park step ``idx`` (``pending`` or ``running``) and its task as ``status``
         (``blocked`` or ``waiting``), journaling ``step_blocked`` or ``step_waiting``
@@ -477,6 +483,9 @@ class ReadOnly:
 
     def end_run(self, run: Run) -> None:
         pass  # idempotent and never raises, as on every store
+
+    def reopen(self) -> Store:
+        raise self.refusal(None)
 
     def park_step(self, run: Run, *args: Any, **options: Any) -> None:
         raise self.refusal(run)

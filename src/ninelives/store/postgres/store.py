@@ -335,6 +335,9 @@ class PostgresStore(StepCommits, PostgresHousekeeping, commits.SharedCommits):
         self._hold(run, sent)
         return run, task
 
+    def reopen(self) -> PostgresStore:
+        return PostgresStore(self.url, lease=self.lease, heartbeat=self.heartbeat)
+
     def _recover(
         self,
         conn: Conn,

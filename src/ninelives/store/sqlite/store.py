@@ -342,6 +342,9 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
         )  # fmt: skip
         return step.idx, attempt
 
+    def reopen(self) -> SQLiteStore:
+        return SQLiteStore(self.path, busy_timeout=self._busy_timeout)
+
     def check_lease(self, run: Run) -> None:
         # The kernel lock cannot lapse; only a replaced lock file lets another
         # runner in, and then the epoch has moved. One indexed read, no fsync.
