@@ -508,13 +508,11 @@ def references(store: Any) -> list[Reference]:
     Reads rows through ``store.blob_rows()``; never loads an output that holds no
     reference."""
     found: list[Reference] = []
-    blobs: Blobs | None = getattr(store, "blobs", None)
+    blobs: Blobs = store.blobs
     for task_id, idx, text in store.blob_rows():
         ref = row_ref(text)
         if ref is not None:
             found.append(Reference(task_id, idx, ref, True))
-            if blobs is None:
-                continue
             try:
                 body = blobs.read(ref)
             except BlobUnreadable:

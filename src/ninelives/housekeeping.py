@@ -186,14 +186,11 @@ def sweep_blobs(
     what would go).
 
     Called once by :func:`gc` after its last batch has committed, so a blob is
-    only removed once no row can name it. Without a blob store there is nothing
-    to sweep.
+    only removed once no row can name it.
     """
     from . import blobs
 
-    found = getattr(store, "blobs", None)
-    if found is None:
-        return [], []
+    found = store.blobs
     cutoff = (time.time() if now is None else now) - blobs.GRACE
     if dry_run:
         stale = blobs.unreferenced(store, cutoff)
@@ -207,14 +204,10 @@ def blob_findings(store: Any, now: float) -> list[Finding]:
     their hash (``blob``), blobs nobody refers to past the grace time
     (``blob_orphan``) and temporary blob files whose writer is gone
     (``blob_temp``), as doctor findings, each with its fix.
-
-    Without a blob store there is nothing to check.
     """
     from . import blobs
 
-    found = getattr(store, "blobs", None)
-    if found is None:
-        return []
+    found = store.blobs
     cutoff = now - blobs.GRACE
     findings = [
         Finding("blob", f"{ref.task_id} step {ref.step}", f"{blobs.describe(ref)}: {why}",
@@ -292,8 +285,7 @@ def _findings(store: Any, artifacts: str, now: float) -> list[Finding]:
             Finding("schema", store.url, f"schema version {stored}, this ninelives has {latest}",
                     "ninelives doctor --fix (migrates it)", fixable=stored < latest)
         )  # fmt: skip
-    problems = getattr(store, "integrity_problems", None)
-    for problem in problems() if problems is not None else []:
+    for problem in store.integrity_problems():
         findings.append(
             Finding("integrity", store.url, problem,
                     "restore a backup, or sqlite3 DB '.recover' into a new file")

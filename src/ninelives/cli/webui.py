@@ -69,7 +69,7 @@ class Viewer:
     def fleet(self) -> list[dict[str, Any]] | None:
         """PostgreSQL's workers with a lease and their tasks; None on SQLite."""
         with self.store() as store:
-            if getattr(store, "dialect", "sqlite") != "postgres":
+            if store.dialect != "postgres":
                 return None
             held = store.tasks_in_status(TaskStatus.RUNNING.value)
         now = time.time()

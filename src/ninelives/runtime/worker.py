@@ -231,7 +231,7 @@ class Worker:
         opts = self.options
         self.note(
             "-", "started", queue=opts.queue, slots=opts.concurrency, lease=opts.lease,
-            heartbeat=round(opts.heartbeat, 3), backend=getattr(stores[0], "dialect", "?"),
+            heartbeat=round(opts.heartbeat, 3), backend=stores[0].dialect,
             group_commit=None if group is None else f"{opts.group_linger * 1000:g}ms",
         )  # fmt: skip
         deadline: float | None = None

@@ -38,6 +38,14 @@ class StoreReader(Protocol):
     and the full stores."""
 
     url: str
+    #: ``"sqlite"`` or ``"postgres"``: the SQL the store speaks.
+    dialect: str
+
+    @property
+    def blobs(self) -> Blobs:
+        """Where outputs over the blob threshold are kept (:mod:`ninelives.blobs`):
+        files beside a SQLite database, tables in a PostgreSQL one."""
+        ...
 
     def get_task(self, task_id: str) -> Task:
         """The task with its steps, read in one snapshot; :class:`UnknownTask` if absent."""
@@ -55,6 +63,12 @@ class StoreReader(Protocol):
         """``(task_id, idx, output text)`` of every step output that is, or holds,
         a blob reference, as stored (unresolved): for :mod:`ninelives.blobs`' gc
         and checks."""
+        ...
+
+    def integrity_problems(self) -> list[str]:
+        """What the engine's own check of its pages finds (SQLite's
+        ``PRAGMA quick_check``), empty when sound; always empty on PostgreSQL,
+        whose server checks its own pages."""
         ...
 
     def close(self) -> None:
@@ -406,12 +420,6 @@ class Store(StoreReader, Runner, Operator, Protocol):
     an operator's. SQLite and PostgreSQL implement it; a read-only store
     (:class:`ReadOnly`) refuses every commit."""
 
-    @property
-    def blobs(self) -> Blobs:
-        """Where outputs over the blob threshold are kept (:mod:`ninelives.blobs`):
-        files beside a SQLite database, tables in a PostgreSQL one."""
-        ...
-
 
 class Decision(NamedTuple):
     """What :meth:`Store.decide_step` commits for a person
@@ -516,6 +524,8 @@ class MissingStore(ReadOnly):
     ``run`` of a typo never leaves an empty database behind.
     """
 
+    dialect = "sqlite"  # a PostgreSQL URL always names a database that exists
+
     def __init__(self, url: str) -> None:
         self.url = url
 
@@ -539,6 +549,9 @@ class MissingStore(ReadOnly):
         return []
 
     def blob_rows(self) -> list[tuple[str, int, str]]:
+        return []
+
+    def integrity_problems(self) -> list[str]:
         return []
 
     def close(self) -> None:

@@ -158,6 +158,10 @@ class PostgresHousekeeping(Session):
         with self._read() as conn:
             return [r[0] for r in conn.execute(Q["artifact_folders"]).fetchall()]
 
+    def integrity_problems(self) -> list[str]:
+        """None to report: the server checks its own pages (checksums, WAL)."""
+        return []
+
     def schema_version(self) -> tuple[int, int]:
         """``(stored, newest this version knows)``."""
         latest = sql.migrations("postgres")[-1][0]

@@ -550,11 +550,7 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
             return blob_rows(conn, Q["blob_rows"])
 
     def integrity_problems(self) -> list[str]:
-        """``PRAGMA quick_check`` findings; empty when the file is sound.
-
-        Optional part of the store interface: ``verify`` calls it when a store
-        has it (a PostgreSQL server checks its own pages).
-        """
+        """``PRAGMA quick_check`` findings; empty when the file is sound."""
         try:
             rows = self._conn.execute("PRAGMA quick_check").fetchall()
         except sqlite3.Error as exc:
