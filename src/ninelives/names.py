@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 
-from .errors import InputError, InvalidTaskId
+from .errors import InputError, InvalidTaskId, UnknownTask
 
 #: The model engines ``ctx.chat``, the ``llm`` tool and a plan's agent may name.
 ENGINES = ("stub", "ollama", "openai")
@@ -31,6 +31,22 @@ def check_task_id(task_id: str) -> str:
             f"invalid task id {task_id!r}: use 1-128 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
         )
+    return task_id
+
+
+def check_stored_id(task_id: str) -> str:
+    """Return ``task_id`` if a database can be asked about it, else raise
+    :class:`UnknownTask`, having asked nothing.
+
+    Undecodable bytes of a command line or a file name (``keep\\xff``) arrive as
+    lone surrogates, which UTF-8 cannot encode, so no driver can send them; no
+    stored id holds one either (:func:`check_task_id` refuses it at create).
+    Such an id is therefore an unknown task, as the command line reports it.
+    """
+    try:
+        task_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UnknownTask(f"unknown task {task_id!r}") from None
     return task_id
 
 

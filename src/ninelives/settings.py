@@ -64,19 +64,19 @@ class Settings(NamedTuple):
             except ValueError as exc:
                 raise InputError(f"AGENT_CRASH_AT: {exc}") from None
         return cls(
-            max_attempts=_number(env, "AGENT_MAX_ATTEMPTS", 3, int, minimum=1),
+            max_attempts=env_number(env, "AGENT_MAX_ATTEMPTS", 3, int, minimum=1),
             # time.sleep() overflows past ~2**63 ns: a day is plenty for any test.
-            step_delay=_number(env, "AGENT_STEP_DELAY", 0.0, float, minimum=0, maximum=86400),
+            step_delay=env_number(env, "AGENT_STEP_DELAY", 0.0, float, minimum=0, maximum=86400),
             artifacts=env.get("AGENT_ARTIFACTS") or "artifacts",
             unsafe_effects=env.get("AGENT_UNSAFE_EFFECTS", "") not in ("", "0"),
             llm=env.get("AGENT_LLM") or "stub",
             ollama_url=env.get("OLLAMA_URL") or "http://127.0.0.1:11434",
             ollama_model=env.get("OLLAMA_MODEL") or "llama3.2",
             workspace=env.get("NINELIVES_WORKSPACE") or ".",
-            max_recoveries=_number(env, "NINELIVES_MAX_RECOVERIES", 5, int, minimum=0),
+            max_recoveries=env_number(env, "NINELIVES_MAX_RECOVERIES", 5, int, minimum=0),
             # SQLite refuses a value over 1e9 bytes by default; half of that leaves
             # room for the row and for a reader's copy in memory.
-            max_output=_number(
+            max_output=env_number(
                 env,
                 "NINELIVES_MAX_OUTPUT",
                 64 * 1024 * 1024,
@@ -84,9 +84,11 @@ class Settings(NamedTuple):
                 minimum=1024,
                 maximum=512 * 1024 * 1024,
             ),
-            backoff=_number(env, "NINELIVES_BACKOFF", 0.5, float, minimum=0, maximum=BACKOFF_CAP),
+            backoff=env_number(
+                env, "NINELIVES_BACKOFF", 0.5, float, minimum=0, maximum=BACKOFF_CAP
+            ),
             tool_modules=parse_tool_modules(env.get("NINELIVES_TOOLS", "")),
-            blob_threshold=_number(
+            blob_threshold=env_number(
                 env,
                 "NINELIVES_BLOB_THRESHOLD",
                 BLOB_THRESHOLD_OFF,
@@ -94,8 +96,10 @@ class Settings(NamedTuple):
                 minimum=0,
                 maximum=BLOB_THRESHOLD_OFF,
             ),
-            max_fetch=_number(env, "NINELIVES_MAX_FETCH", 1 << 30, int, minimum=1, maximum=1 << 40),
-            llm_timeout=_number(
+            max_fetch=env_number(
+                env, "NINELIVES_MAX_FETCH", 1 << 30, int, minimum=1, maximum=1 << 40
+            ),
+            llm_timeout=env_number(
                 env, "NINELIVES_LLM_TIMEOUT", 120.0, float, minimum=0.1, maximum=86400
             ),
         )
@@ -111,7 +115,7 @@ def parse_tool_modules(text: str) -> tuple[str, ...]:
     return names
 
 
-def _number(
+def env_number(
     env: Mapping[str, str],
     name: str,
     default: T,
@@ -119,6 +123,12 @@ def _number(
     minimum: float,
     maximum: float | None = None,
 ) -> T:
+    """``env[name]`` read as ``kind`` (``int`` or ``float``), or ``default`` when it
+    is unset or empty; in ``minimum``..``maximum`` (NaN is in no range).
+
+    The one rule for a number in a variable: ASCII, no ``_``, no padding. Else an
+    :class:`InputError` naming the variable, which the command reports as exit 4.
+    """
     raw = env.get(name, "")
     if not raw:
         return default

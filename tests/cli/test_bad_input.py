@@ -10,12 +10,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import ninelives
+from ninelives.errors import UnknownTask
+from ninelives.models import TaskStatus
 from ninelives.plan import MAX_DEPTH, MAX_PLAN_BYTES
+from ninelives.runtime import Runtime, decisions
+from ninelives.settings import Settings
 from ninelives.testing import Lab, Result
 from ninelives.testing.lab import GUIDE_PLAN
 
@@ -354,6 +360,35 @@ def test_a_task_id_that_is_not_utf8_is_an_unknown_task(sqlite_seeded: Lab, comma
     assert sqlite_seeded.fingerprint(*TASKS) == before
     # The control: the same command reaches the task by its real id.
     assert sqlite_seeded.cli("status", "keep").returncode == 0
+
+
+#: Each call of the library that names a stored task, given ``rt`` and the id.
+LIBRARY_LOOKUPS: dict[str, Callable[[Runtime, str], object]] = {
+    "status": lambda rt, task: rt.status(task),
+    "export": lambda rt, task: rt.export(task),
+    "result": lambda rt, task: rt.result(task),
+    "run": lambda rt, task: rt.run(task),
+    "retry": lambda rt, task: rt.retry(task),
+    "cancel": lambda rt, task: rt.cancel(task, reason="r"),
+    "fork": lambda rt, task: rt.fork(task, "new", start=1),
+    "resolve": lambda rt, task: decisions.resolve(rt.store, task, 1, retry=True),
+    "approve": lambda rt, task: decisions.approve(rt.store, task, 1),
+}
+
+
+@pytest.mark.parametrize("call", list(LIBRARY_LOOKUPS))
+def test_the_library_takes_a_task_id_that_is_not_utf8_as_an_unknown_task(
+    sqlite_seeded: Lab, call: str
+) -> None:
+    # The command refuses such an id before it opens anything; a program calling
+    # the library with an id decoded the same way gets the same answer, not the
+    # UnicodeEncodeError of a driver that cannot encode it.
+    before = sqlite_seeded.fingerprint(*TASKS)
+    with ninelives.open(str(sqlite_seeded.root / "state.db"), settings=Settings()) as rt:
+        with pytest.raises(UnknownTask, match=r"unknown task 'keep\\udcff'"):
+            LIBRARY_LOOKUPS[call](rt, os.fsdecode(b"keep\xff"))
+        assert rt.status("keep").status is TaskStatus.DONE  # the control
+    assert sqlite_seeded.fingerprint(*TASKS) == before
 
 
 def test_create_of_a_task_id_that_is_not_utf8_is_bad_input(sqlite_seeded: Lab) -> None:

@@ -7,14 +7,18 @@ lingers before its commit): torture must report duplicates and exit 7.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+import ninelives
+from ninelives.errors import StoreError
 from ninelives.models import Event, Step, StepStatus, Task, TaskStatus
 from ninelives.testing import Lab
-from ninelives.torture import append_log_duplicates, lost_commits, reexecuted_effects
+from ninelives.torture import append_log_duplicates, lost_commits, reexecuted_effects, torture
 
 pytestmark = pytest.mark.crash
 
@@ -152,6 +156,42 @@ def test_bad_input(sqlite_lab: Lab, args: tuple[str, ...], code: int) -> None:
     assert result.returncode == code, result
     assert len(result.stderr.splitlines()) == 1, result.stderr
     assert sqlite_lab.fingerprint("keep") == before
+
+
+def test_runs_that_cannot_start_are_one_line_and_exit_5(sqlite_lab: Lab) -> None:
+    # Started under a name it cannot find itself by (an embedded or oddly launched
+    # interpreter), Python has an empty sys.executable: torture cannot start the
+    # runs it kills. One line and exit 5, the scratch folder holding no task.
+    sqlite_lab.guide_setup()
+    source = Path(ninelives.__file__).resolve().parents[1]
+    argv = ["no-such-python", "-m", "ninelives", "torture", "plan.json", "--kills", "1"]
+    proc = subprocess.run(
+        [*argv, "--dir", "t", "-q"],
+        executable=sys.executable,
+        cwd=sqlite_lab.root,
+        env=sqlite_lab.env({"PYTHONPATH": str(source)}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 5, proc
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("ninelives: error: torture cannot start its runs"), lines[0]
+    assert not (sqlite_lab.root / "t" / "state.db").exists()
+    # The control: the interpreter named as usual starts them.
+    assert sqlite_lab.cli("torture", "plan.json", "--kills", "0", "-q").returncode == 0
+
+
+def test_a_variable_no_run_can_be_given_is_a_store_error(sqlite_lab: Lab) -> None:
+    # The library's env= reaches every run; a NUL cannot be passed to a process.
+    sqlite_lab.guide_setup()
+    folder = sqlite_lab.root / "t"
+    with pytest.raises(StoreError, match=r"torture cannot start its runs: .*null byte"):
+        torture(sqlite_lab.root / "plan.json", kills=1, folder=str(folder), env={"X": "a\x00b"})
+    assert not (folder / "state.db").exists()
 
 
 # -- the counting rules ----------------------------------------------------------

@@ -95,13 +95,9 @@ def stored_id(text: str) -> str:
     database can be asked about (UTF-8 cannot encode them): such an id is an
     unknown task (exit 1), as ``../x`` is, before anything is opened.
     """
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        from ..errors import UnknownTask
+    from ..names import check_stored_id
 
-        raise UnknownTask(f"unknown task {text!r}") from None
-    return text
+    return check_stored_id(text)
 
 
 def task_arg(p: argparse.ArgumentParser, metavar: str = "TASK_ID") -> None:

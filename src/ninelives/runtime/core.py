@@ -35,6 +35,7 @@ from ..models import (
     is_workflow,
 )
 from ..names import check_queue as check_queue
+from ..names import check_stored_id
 from ..names import check_task_id as check_task_id
 from ..names import new_run_id as new_run_id
 from ..settings import Settings
@@ -188,7 +189,7 @@ class Runtime(StepRunner):
         """A done workflow task's return value (``task_done``'s ``result``).
         :class:`UnknownTask` if absent, :class:`InputError` unless it is a done
         workflow task."""
-        task = self.store.get_task(task_id)
+        task = self.store.get_task(check_stored_id(task_id))
         if not is_workflow(task.goal):
             raise InputError(f"task {task_id!r} is not a workflow task: it has no result")
         if task.status is not TaskStatus.DONE:
@@ -211,18 +212,20 @@ class Runtime(StepRunner):
         """
         from ..agent import regrant
 
-        return self.store.retry_task(task_id, new_run_id(), step=step, grant=regrant)
+        return self.store.retry_task(
+            check_stored_id(task_id), new_run_id(), step=step, grant=regrant
+        )
 
     def status(self, task_id: str) -> Task:
         """The task, its steps and their statuses; :class:`UnknownTask` if absent."""
-        return self.store.get_task(task_id)
+        return self.store.get_task(check_stored_id(task_id))
 
     def export(self, task_id: str) -> list[Event]:
         """The task's journal in ``seq`` order; :class:`UnknownTask` if absent.
 
         Also for a task whose output blob is missing or damaged: the journal
         needs no output, and it shows the reference that cannot be read."""
-        return journal(self.store, task_id)
+        return journal(self.store, check_stored_id(task_id))
 
     def run(self, task_id: str) -> Task:
         """Recover the task, then run its pending steps in order until done.
@@ -239,6 +242,7 @@ class Runtime(StepRunner):
         :class:`~ninelives.errors.CommitUnknown` if a commit fails: then it stops
         without another write, and the next run recovers.
         """
+        check_stored_id(task_id)
         try:
             run, task = self._begin_run(task_id)
         except _OtherFolder:
@@ -273,7 +277,9 @@ class Runtime(StepRunner):
         """
         from ..lineage import check_reason
 
-        return self.store.cancel_task(task_id, new_run_id(), reason=check_reason(reason))
+        return self.store.cancel_task(
+            check_stored_id(task_id), new_run_id(), reason=check_reason(reason)
+        )
 
     def fork(self, task_id: str, new_id: str, *, start: int, queue: str | None = None) -> Task:
         """A new task ``new_id`` with ``task_id``'s plan, its steps before ``start``
@@ -284,6 +290,7 @@ class Runtime(StepRunner):
         :class:`UnknownTask` and :class:`InputError` (see :meth:`Store.fork_task`),
         each changing nothing.
         """
+        check_stored_id(task_id)
         check_task_id(new_id)
         if queue is not None:
             check_queue(queue)

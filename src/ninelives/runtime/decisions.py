@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InputError, OutputRefused
 from ..journal import encode_output, storable
 from ..models import APPROVAL_TOOL, EventKind, StepStatus, Task
-from ..names import new_run_id
+from ..names import check_stored_id, new_run_id
 from ..plan import unique_keys
 from ..store import Decision
 
@@ -40,6 +40,7 @@ def resolve(
     Either way ``step_resolved`` is journaled and the task becomes ``pending``.
     :class:`InputError` (nothing changed) for bad JSON or a step not blocked.
     """
+    check_stored_id(task_id)
     if (done is None) == (not retry):
         raise InputError("say either --done JSON (what the step output) or --retry")
     if done is not None:
@@ -75,6 +76,7 @@ def approve(
     step is ``done`` with ``{"approved": false, "note": ...}`` (``step_rejected``
     with ``outcome: answer``) and the task ``pending``, for the code to read.
     """
+    check_stored_id(task_id)
     if note is not None:
         try:
             storable(note, "--note")

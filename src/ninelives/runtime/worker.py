@@ -60,7 +60,7 @@ from ..errors import (
 )
 from ..models import Run, StepProgress, Task, TaskStatus
 from ..names import check_queue, new_run_id
-from ..settings import Settings
+from ..settings import Settings, env_number
 from ..store import Store, lease_settings, open_group_commit, open_store
 from ..tools import Registry
 from .core import Runtime
@@ -478,14 +478,10 @@ def _group_options(env: dict[str, str], on: bool | None, linger_ms: float | None
             raise InputError(f"NINELIVES_GROUP_COMMIT must be 1 or 0, got {flag!r}")
         on = flag in ("1", "true", "yes", "on")
     if linger_ms is None:
-        text = env.get("NINELIVES_GROUP_COMMIT_LINGER_MS", "").strip() or "2"
-        try:
-            linger_ms = float(text)
-        except ValueError:
-            raise InputError(
-                f"NINELIVES_GROUP_COMMIT_LINGER_MS must be a number, got {text!r}"
-            ) from None
-    if not 0 <= linger_ms <= 1000:
+        linger_ms = env_number(
+            env, "NINELIVES_GROUP_COMMIT_LINGER_MS", 2.0, float, minimum=0, maximum=1000
+        )
+    elif not 0 <= linger_ms <= 1000:
         raise InputError(f"--group-commit-linger-ms must be 0-1000, got {linger_ms!r}")
     return {"group_commit": on, "group_linger": linger_ms / 1000}
 

@@ -28,19 +28,15 @@ def lease_settings(
     env = os.environ if env is None else env
 
     def seconds(name: str, given: float | None, default: float) -> float:
-        if given is not None:
-            value = float(given)
-        elif env.get(name):
-            try:
-                value = float(env[name])
-            except ValueError:
-                raise InputError(f"{name} must be a number of seconds, got {env[name]!r}") from None
-        else:
-            return default
+        # Here, not at import: status and export open a store without the settings.
+        from ..settings import env_number
+
+        if given is None:
+            return env_number(env, name, default, float, minimum=0.05, maximum=86400)
+        value = float(given)
         if not 0.05 <= value <= 86400:  # also refuses NaN
-            # Named as it was given: the option (--lease) or the variable.
-            shown = f"--{name.removeprefix('NINELIVES_').lower()}" if given is not None else name
-            raise InputError(f"{shown} must be 0.05-86400 seconds, got {value!r}")
+            option = f"--{name.removeprefix('NINELIVES_').lower()}"
+            raise InputError(f"{option} must be 0.05-86400 seconds, got {value!r}")
         return value
 
     lease_s = seconds("NINELIVES_LEASE", lease, DEFAULT_LEASE)

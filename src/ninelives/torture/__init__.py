@@ -92,7 +92,9 @@ def torture(
     (``NINELIVES_CRASH_PAUSE``), so random kills land between every pair of
     commits even when the tools take microseconds; 0 runs at full speed.
     ``env`` adds variables for the runs. Raises :class:`InputError` for bad
-    arguments; the findings are in the returned report, never raised.
+    arguments, and :class:`~ninelives.errors.StoreError` when the runs cannot be
+    started or refuse to create a task; the findings are in the returned report,
+    never raised.
     """
     import shutil
 

@@ -15,7 +15,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,24 +79,48 @@ class Session:
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run one ``ninelives`` command on the session's database, to its end."""
-        return subprocess.run(
-            [*self.command, *args],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
+        with self._starting():
+            return subprocess.run(
+                [*self.command, *args],
+                env=self.env,
+                capture_output=True,
+                text=True,
+                # Stray bytes of a tool module's output are no ValueError of the start.
+                errors="replace",
+                timeout=600,
+                check=False,
+            )
 
     def spawn_run(self, task_id: str) -> subprocess.Popen[str]:
         """Start ``ninelives run`` of ``task_id``, to be killed or waited for."""
-        return subprocess.Popen(
-            [*self.command, "run", "-q", task_id],
-            env=self.env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        with self._starting():
+            return subprocess.Popen(
+                [*self.command, "run", "-q", task_id],
+                env=self.env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                errors="replace",
+            )
+
+    @contextmanager
+    def _starting(self) -> Iterator[None]:
+        """Starts of the runs' command inside: one that the system refuses is a
+        :class:`StoreError` (exit 5), nothing of the session having run.
+
+        ``sys.executable`` is empty in an interpreter that cannot tell where it
+        is (started under a name not on ``PATH``, embedded), and exec can fail
+        for a missing or unexecutable file or an oversized environment;
+        ``ValueError`` is a variable of ``env`` that no process can be given (a
+        NUL, an ``=`` in its name)."""
+        try:
+            yield
+        except (OSError, ValueError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            what = f"{self.command[0]} -m ninelives: {reason}"
+            if not self.command[0]:
+                what = "this interpreter does not know its own path (sys.executable is empty)"
+            raise StoreError(f"torture cannot start its runs: {what}") from exc
 
     def create(self, task_id: str) -> None:
         """Create ``task_id`` of the session's plan or workflow (StoreError if refused)."""
