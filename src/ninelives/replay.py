@@ -97,6 +97,9 @@ class WorkflowContext(ChatCalls):
         self.dead: BaseException | None = None
         #: The step whose attempts run now (async code could start another meanwhile).
         self.running: Step | None = None
+        #: Progress the attempts of this run committed, by step: the step records
+        #: held here were read before them, and the next attempt resumes from it.
+        self._progress: dict[int, Any] = {}
 
     # -- the user's calls -------------------------------------------------
 
@@ -325,7 +328,8 @@ class WorkflowContext(ChatCalls):
         assert self._run is not None
         return ToolContext(
             task_id=self.task_id, step=step.idx, attempt=attempt, outputs={},
-            idem_key=f"{self.task_id}-{step.idx}", progress=step.progress,
+            idem_key=f"{self.task_id}-{step.idx}",
+            progress=self._progress.get(step.idx, step.progress),
             saver=self._rt.saver(self._run, step, time.monotonic()),
         )  # fmt: skip
 
@@ -354,9 +358,15 @@ class WorkflowContext(ChatCalls):
                     continue
                 finally:
                     CURRENT.reset(token)
+                    self.kept(step, context)
                 return self._done(step, value, encoded, began)
         finally:
             self.running = None
+
+    def kept(self, step: Step, context: ToolContext) -> None:
+        """Keep the progress an attempt committed for the step's next attempt."""
+        if context.progress is not None:
+            self._progress[step.idx] = context.progress
 
     def _before(self, step: Step, attempt: int) -> ToolContext:
         assert self._rt is not None

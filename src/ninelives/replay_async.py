@@ -90,6 +90,7 @@ class AsyncWorkflowContext(AsyncChatCalls, WorkflowContext):
                     continue
                 finally:
                     CURRENT.reset(token)
+                    self.kept(step, context)
                 return self._done(step, value, encoded, began)
         finally:
             self.running = None

@@ -1,7 +1,8 @@
 """A workflow's step errors and policies through the command line, real
 processes: retries by max_attempts, a failed task resumed by retry at the
 failed step, PermanentError, timeout, outputs and results that JSON cannot
-hold, StepFailed caught by the workflow, code that raises between steps."""
+hold, StepFailed caught by the workflow, code that raises between steps, a
+checkpoint carried to the next attempt."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from ninelives.testing import Lab
 pytestmark = pytest.mark.crash
 
 FLOWS = """
+import asyncio
 import os
 import time
 
@@ -106,6 +108,29 @@ def catches(ctx):
 def raises(ctx):
     ctx.step("first", log, "first")
     raise KeyError("no such field")
+
+
+@ninelives.step(max_attempts=3, backoff=False)
+def chunks(n):
+    step = ninelives.current_step()
+    done = step.progress or {"next": 0}
+    for i in range(done["next"], n):
+        log(f"chunk {i}")
+        step.checkpoint({"next": i + 1})
+        if i == 1 and step.attempt == 1:
+            raise RuntimeError("the connection dropped")
+    return n
+
+
+@ninelives.workflow
+def chunked(ctx, n):
+    return chunks(n)
+
+
+@ninelives.workflow
+async def achunked(ctx, n):
+    await asyncio.sleep(0)
+    return await chunks(n)
 """
 
 
@@ -276,3 +301,20 @@ def test_a_refuse_step_left_running_blocks_until_resolved(flow_lab: Lab, decisio
     ran = 1 if decision == "--done" else 2
     assert _calls(lab) == ["charge 5"] * ran  # resolved done: not called again
     assert lab.cli("verify", "p").returncode == 0
+
+
+@pytest.mark.parametrize("flow", ["chunked", "achunked"])
+def test_the_next_attempt_of_a_step_resumes_from_its_last_checkpoint(
+    flow_lab: Lab, flow: str
+) -> None:
+    """An attempt that raised after committing two chunks: the next attempt in the
+    same run starts from that checkpoint, as a plan step's does."""
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", flow, "--args", "[4]").returncode == 0
+    done = lab.cli("run", "t")
+    assert done.returncode == 0, done.stderr
+    assert _calls(lab) == ["chunk 0", "chunk 1", "chunk 2", "chunk 3"]
+    task = lab.cli("status", "t", "--json").json()
+    assert task["result"] == 4
+    assert task["steps"][0]["attempts"] == 2
+    assert lab.cli("verify", "t").returncode == 0
