@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import crashpoints
-from .blobs import escape, needs_escape
+from .blobs import RAW_KEY, escape, needs_escape
 from .durable import ACTIVE, CURRENT, StepFunction, Workflow, WorkflowSpec, spec_of
 from .errors import (
     CommitUnknown,
@@ -395,7 +395,11 @@ class WorkflowContext(ChatCalls):
     def _done(self, step: Step, value: Any, encoded: str, began: float) -> Any:
         assert self._rt is not None
         assert self._run is not None
-        output = {"value": value}
+        # Every replay returns the value as the journal holds it (keys sorted, a
+        # tuple as a list): the first run returns that too, or code looping over
+        # a dict would call its next steps in another order after a kill.
+        output = {"value": decode_value(encoded)}
+        value = output["value"]
         if self._unsafe_late and step.attempts == 1 and step.status is StepStatus.RUNNING:
             crashpoints.crash("after_effect", step.idx)  # a kill now leaves no trace of it
             self._rt.store.append_step(
@@ -456,6 +460,16 @@ def encode_value(value: Any, max_output: int) -> str:
     """``{"value": value}`` as the JSON text a done commit stores (OutputRefused if not)."""
     encoded = encode_output({"value": value}, max_output)
     return escape(encoded) if needs_escape({"value": value}) else encoded
+
+
+def decode_value(encoded: str) -> Any:
+    """The value :func:`encode_value`'s text holds, as a replay reads it back."""
+    import json
+
+    output = json.loads(encoded)
+    if needs_escape(output):
+        output = output[RAW_KEY]
+    return output["value"]
 
 
 def step_limits(step: Step, declared: Mapping[str, Any], settings: Settings) -> Limits:
