@@ -53,6 +53,10 @@ if TYPE_CHECKING:
 
 #: Names a workflow's own step calls cannot take: the runtime gives them meaning.
 RESERVED = (AGENT_TOOL, APPROVAL_TOOL)
+#: What a step's function may raise, as its attempt's error. ``sys.exit`` in user
+#: code (a library's command-line helper) is one too: let through, it ended the
+#: process with the code it gave, 0 saying "done" for a task left running.
+USER_ERRORS = (Exception, StepTimeout, SystemExit)
 
 
 class Released(BaseException):
@@ -312,7 +316,7 @@ class WorkflowContext(ChatCalls):
                 found = probe(self._tool_context(step, step.attempts))
                 if found is not None:
                     output = encode_output({"value": found}, rt.settings.max_output)
-            except Exception as exc:  # the probe could not tell
+            except (Exception, SystemExit) as exc:  # the probe could not tell (see USER_ERRORS)
                 block = f"the probe raised {error_text(exc)}"
         from .runtime.waits import settle_probed
 
@@ -353,7 +357,7 @@ class WorkflowContext(ChatCalls):
                     encoded = encode_value(value, rt.settings.max_output)
                 except CommitUnknown:
                     raise
-                except (Exception, StepTimeout) as exc:
+                except USER_ERRORS as exc:
                     attempt = self._failed(step, attempt, exc, limits)
                     continue
                 finally:
@@ -526,7 +530,7 @@ def call(flow: Workflow, ctx: WorkflowContext, spec: WorkflowSpec) -> Any:
         return flow.fn(ctx, *spec.args, **spec.kwargs)
     except (Released, CommitUnknown):
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # SystemExit: see USER_ERRORS
         if ctx.dead is not None:
             raise ctx.dead from None
         if isinstance(exc, NineLivesError) and not isinstance(exc, PlanError):

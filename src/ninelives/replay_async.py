@@ -19,7 +19,15 @@ from .durable import CURRENT
 from .errors import CommitUnknown
 from .models import Step
 from .policy import StepTimeout
-from .replay import WorkflowContext, caller, encode_value, policy_of, step_limits, value_of
+from .replay import (
+    USER_ERRORS,
+    WorkflowContext,
+    caller,
+    encode_value,
+    policy_of,
+    step_limits,
+    value_of,
+)
 from .replay_chat import AsyncChatCalls
 
 
@@ -85,7 +93,7 @@ class AsyncWorkflowContext(AsyncChatCalls, WorkflowContext):
                     encoded = encode_value(value, rt.settings.max_output)
                 except CommitUnknown:
                     raise
-                except (Exception, StepTimeout) as exc:
+                except USER_ERRORS as exc:
                     attempt = self._failed(step, attempt, exc, limits)
                     continue
                 finally:

@@ -2,7 +2,7 @@
 processes: retries by max_attempts, a failed task resumed by retry at the
 failed step, PermanentError, timeout, outputs and results that JSON cannot
 hold, StepFailed caught by the workflow, code that raises between steps, a
-checkpoint carried to the next attempt."""
+checkpoint carried to the next attempt, sys.exit in a step or between steps."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ pytestmark = pytest.mark.crash
 FLOWS = """
 import asyncio
 import os
+import sys
 import time
 
 import ninelives
@@ -131,6 +132,23 @@ def chunked(ctx, n):
 async def achunked(ctx, n):
     await asyncio.sleep(0)
     return await chunks(n)
+
+
+@ninelives.step(max_attempts=2, backoff=False)
+def exiting():
+    log("exiting")
+    sys.exit(0)
+
+
+@ninelives.workflow
+def exits_in_a_step(ctx):
+    return exiting()
+
+
+@ninelives.workflow
+def exits_between_steps(ctx):
+    ctx.step("first", log, "first")
+    sys.exit(0)
 """
 
 
@@ -318,3 +336,32 @@ def test_the_next_attempt_of_a_step_resumes_from_its_last_checkpoint(
     assert task["result"] == 4
     assert task["steps"][0]["attempts"] == 2
     assert lab.cli("verify", "t").returncode == 0
+
+
+def test_sys_exit_in_a_step_is_a_step_error_not_the_exit_code(flow_lab: Lab) -> None:
+    """sys.exit(0) in a step (a library's CLI helper, say) made run exit 0, the
+    code of a done task, with the step left running and nothing said."""
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", "exits_in_a_step").returncode == 0
+    failed = lab.cli("run", "t")
+    assert failed.returncode == 2, failed.stderr
+    assert _error_lines(failed.stderr) == 1
+    assert "SystemExit" in failed.stderr
+    assert _calls(lab) == ["exiting", "exiting"]
+    assert lab.cli("status", "t", "--json").json()["status"] == "failed"
+    assert lab.cli("verify", "t").returncode == 0
+
+
+def test_sys_exit_between_steps_stops_with_one_line_and_replay_check_goes_on(
+    flow_lab: Lab,
+) -> None:
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", "exits_between_steps").returncode == 0
+    stopped = lab.cli("run", "t")
+    assert stopped.returncode == 12, stopped.stderr
+    assert _error_lines(stopped.stderr) == 1
+    assert "SystemExit" in stopped.stderr
+    assert lab.cli("status", "t", "--json").json()["status"] != "done"
+    checked = lab.cli("replay-check", "--all")
+    assert checked.returncode == 0, checked.stderr
+    assert "1 workflow task(s) replay on this code" in checked.stdout
