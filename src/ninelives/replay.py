@@ -43,7 +43,7 @@ from .errors import (
 )
 from .journal import dumps, encode_output, error_text
 from .models import AGENT_TOOL, APPROVAL_TOOL, Run, Step, StepStatus, Task
-from .policy import Limits, StepTimeout, limits_for
+from .policy import USER_ERRORS, Limits, StepTimeout, limits_for
 from .replay_chat import ChatCalls
 
 if TYPE_CHECKING:
@@ -53,10 +53,6 @@ if TYPE_CHECKING:
 
 #: Names a workflow's own step calls cannot take: the runtime gives them meaning.
 RESERVED = (AGENT_TOOL, APPROVAL_TOOL)
-#: What a step's function may raise, as its attempt's error. ``sys.exit`` in user
-#: code (a library's command-line helper) is one too: let through, it ended the
-#: process with the code it gave, 0 saying "done" for a task left running.
-USER_ERRORS = (Exception, StepTimeout, SystemExit)
 
 
 class Released(BaseException):

@@ -18,16 +18,8 @@ from typing import Any
 from .durable import CURRENT
 from .errors import CommitUnknown
 from .models import Step
-from .policy import StepTimeout
-from .replay import (
-    USER_ERRORS,
-    WorkflowContext,
-    caller,
-    encode_value,
-    policy_of,
-    step_limits,
-    value_of,
-)
+from .policy import USER_ERRORS, StepTimeout
+from .replay import WorkflowContext, caller, encode_value, policy_of, step_limits, value_of
 from .replay_chat import AsyncChatCalls
 
 
