@@ -165,6 +165,12 @@ class StepTimeout(BaseException):
         self.seconds = seconds
 
 
+#: What a tool or a step's function may raise, as its attempt's error. ``sys.exit``
+#: in user code (a library's command-line helper) is one too: let through, it ended
+#: the process with the code it gave, 0 saying "done" for a task left running.
+USER_ERRORS = (Exception, StepTimeout, SystemExit)
+
+
 def in_main_thread() -> bool:
     """True where ``SIGALRM`` can interrupt the running code."""
     return threading.current_thread() is threading.main_thread()

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import crashpoints
-from .blobs import escape, needs_escape
+from .blobs import RAW_KEY, escape, needs_escape
 from .durable import ACTIVE, CURRENT, StepFunction, Workflow, WorkflowSpec, spec_of
 from .errors import (
     CommitUnknown,
@@ -43,7 +43,7 @@ from .errors import (
 )
 from .journal import dumps, encode_output, error_text
 from .models import AGENT_TOOL, APPROVAL_TOOL, Run, Step, StepStatus, Task
-from .policy import Limits, StepTimeout, limits_for
+from .policy import USER_ERRORS, Limits, StepTimeout, limits_for
 from .replay_chat import ChatCalls
 
 if TYPE_CHECKING:
@@ -97,6 +97,9 @@ class WorkflowContext(ChatCalls):
         self.dead: BaseException | None = None
         #: The step whose attempts run now (async code could start another meanwhile).
         self.running: Step | None = None
+        #: Progress the attempts of this run committed, by step: the step records
+        #: held here were read before them, and the next attempt resumes from it.
+        self._progress: dict[int, Any] = {}
 
     # -- the user's calls -------------------------------------------------
 
@@ -309,7 +312,7 @@ class WorkflowContext(ChatCalls):
                 found = probe(self._tool_context(step, step.attempts))
                 if found is not None:
                     output = encode_output({"value": found}, rt.settings.max_output)
-            except Exception as exc:  # the probe could not tell
+            except (Exception, SystemExit) as exc:  # the probe could not tell (see USER_ERRORS)
                 block = f"the probe raised {error_text(exc)}"
         from .runtime.waits import settle_probed
 
@@ -325,7 +328,8 @@ class WorkflowContext(ChatCalls):
         assert self._run is not None
         return ToolContext(
             task_id=self.task_id, step=step.idx, attempt=attempt, outputs={},
-            idem_key=f"{self.task_id}-{step.idx}", progress=step.progress,
+            idem_key=f"{self.task_id}-{step.idx}",
+            progress=self._progress.get(step.idx, step.progress),
             saver=self._rt.saver(self._run, step, time.monotonic()),
         )  # fmt: skip
 
@@ -349,14 +353,20 @@ class WorkflowContext(ChatCalls):
                     encoded = encode_value(value, rt.settings.max_output)
                 except CommitUnknown:
                     raise
-                except (Exception, StepTimeout) as exc:
+                except USER_ERRORS as exc:
                     attempt = self._failed(step, attempt, exc, limits)
                     continue
                 finally:
                     CURRENT.reset(token)
+                    self.kept(step, context)
                 return self._done(step, value, encoded, began)
         finally:
             self.running = None
+
+    def kept(self, step: Step, context: ToolContext) -> None:
+        """Keep the progress an attempt committed for the step's next attempt."""
+        if context.progress is not None:
+            self._progress[step.idx] = context.progress
 
     def _before(self, step: Step, attempt: int) -> ToolContext:
         assert self._rt is not None
@@ -385,7 +395,11 @@ class WorkflowContext(ChatCalls):
     def _done(self, step: Step, value: Any, encoded: str, began: float) -> Any:
         assert self._rt is not None
         assert self._run is not None
-        output = {"value": value}
+        # Every replay returns the value as the journal holds it (keys sorted, a
+        # tuple as a list): the first run returns that too, or code looping over
+        # a dict would call its next steps in another order after a kill.
+        output = {"value": decode_value(encoded)}
+        value = output["value"]
         if self._unsafe_late and step.attempts == 1 and step.status is StepStatus.RUNNING:
             crashpoints.crash("after_effect", step.idx)  # a kill now leaves no trace of it
             self._rt.store.append_step(
@@ -448,6 +462,16 @@ def encode_value(value: Any, max_output: int) -> str:
     return escape(encoded) if needs_escape({"value": value}) else encoded
 
 
+def decode_value(encoded: str) -> Any:
+    """The value :func:`encode_value`'s text holds, as a replay reads it back."""
+    import json
+
+    output = json.loads(encoded)
+    if needs_escape(output):
+        output = output[RAW_KEY]
+    return output["value"]
+
+
 def step_limits(step: Step, declared: Mapping[str, Any], settings: Settings) -> Limits:
     """The limits of a step's attempts: the policy stored when the step was first
     started, as ``verify`` reads it (a later change of the code's
@@ -502,7 +526,7 @@ def call(flow: Workflow, ctx: WorkflowContext, spec: WorkflowSpec) -> Any:
         return flow.fn(ctx, *spec.args, **spec.kwargs)
     except (Released, CommitUnknown):
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # SystemExit: see USER_ERRORS
         if ctx.dead is not None:
             raise ctx.dead from None
         if isinstance(exc, NineLivesError) and not isinstance(exc, PlanError):

@@ -18,7 +18,7 @@ from typing import Any
 from .durable import CURRENT
 from .errors import CommitUnknown
 from .models import Step
-from .policy import StepTimeout
+from .policy import USER_ERRORS, StepTimeout
 from .replay import WorkflowContext, caller, encode_value, policy_of, step_limits, value_of
 from .replay_chat import AsyncChatCalls
 
@@ -85,11 +85,12 @@ class AsyncWorkflowContext(AsyncChatCalls, WorkflowContext):
                     encoded = encode_value(value, rt.settings.max_output)
                 except CommitUnknown:
                     raise
-                except (Exception, StepTimeout) as exc:
+                except USER_ERRORS as exc:
                     attempt = self._failed(step, attempt, exc, limits)
                     continue
                 finally:
                     CURRENT.reset(token)
+                    self.kept(step, context)
                 return self._done(step, value, encoded, began)
         finally:
             self.running = None

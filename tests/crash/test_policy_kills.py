@@ -1,7 +1,7 @@
 """Step policies and resumable steps through the installed command, real processes
 and real SIGKILLs, on SQLite and PostgreSQL: checkpointed progress across ten
 kills, timeouts of a sleep and of a socket read, a backoff wait that outlives
-its process, and a permanent error."""
+its process, a permanent error, and sys.exit in a tool."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import hashlib
 import os
 import signal
 import socket
+import sys
 import time
 
 from ninelives import PermanentError
@@ -75,6 +76,11 @@ def flaky(step_input, ctx):
 @tool("refused")
 def refused(step_input, ctx):
     raise PermanentError("404: no such thing")
+
+
+@tool("exits")
+def exits(step_input, ctx):
+    sys.exit(0)
 """
 
 
@@ -272,6 +278,19 @@ def test_a_permanent_error_fails_the_task_at_once(tools_lab: Lab) -> None:
     assert failed["data"]["why"] == "permanent"
     status = lab.cli("status", "t").json()
     assert status["steps"][0]["attempts"] == 1
+    assert lab.cli("verify", "t").returncode == 0
+
+
+def test_sys_exit_in_a_tool_is_a_step_error_not_the_exit_code(tools_lab: Lab) -> None:
+    """sys.exit(0) in a tool made run exit 0, a done task's code, leaving the step
+    running and saying nothing."""
+    lab = tools_lab
+    steps = [{"tool": "exits", "input": {}}]
+    assert lab.cli("create", "t", _plan(lab, "t", steps, max_attempts=2)).returncode == 0
+    ran = lab.cli("run", "t")
+    assert ran.returncode == 2, ran.stderr
+    assert [e["data"]["error"] for e in _events(lab, "t", "step_error")] == ["SystemExit: 0"] * 2
+    assert lab.cli("status", "t").json()["status"] == "failed"
     assert lab.cli("verify", "t").returncode == 0
 
 

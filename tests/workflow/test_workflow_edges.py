@@ -119,6 +119,24 @@ def raises_unprintable_in_a_step(ctx):
 def raises_unprintable(ctx):
     ctx.step("one", log, "one")
     raise ApiError({})
+
+
+def pay(name):
+    key = ninelives.current_step().idem_key
+    with open("effects.log", "a") as f:
+        f.write(f"{name} {key}\\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return name
+
+
+def owed():
+    return {"zeta": 10, "alpha": 20}
+
+
+@ninelives.workflow
+def pay_all(ctx):
+    return [ctx.step("pay", pay, name) for name in ctx.step("owed", owed)]
 """
 
 
@@ -181,6 +199,24 @@ def test_arguments_with_a_key_json_would_turn_into_text_are_refused(tmp_path: Pa
         with pytest.raises(InputError, match="key 1 is not a string"):
             rt.create("a", show, {1: "one"})
         assert rt.store.task_ids() == []
+
+
+@pytest.mark.parametrize("point", [None, "after_commit:1"])
+def test_code_looping_over_a_dict_a_step_returned_runs_the_same_after_a_kill(
+    flow_lab: Lab, point: str | None
+) -> None:
+    """The journal keeps a value's keys sorted: the first run must loop over them in
+    the order a replay will, or a kill between two payments pays one twice (under
+    two keys) and the other never."""
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", "pay_all").returncode == 0
+    if point is not None:
+        assert lab.cli("run", "t", AGENT_CRASH_AT=point).returncode == -9
+    done = lab.cli("run", "t")
+    assert done.returncode == 0, done.stderr
+    assert (lab.root / "effects.log").read_text().splitlines() == ["alpha t-1", "zeta t-2"]
+    assert lab.cli("status", "t", "--json").json()["result"] == ["alpha", "zeta"]
+    assert lab.cli("verify", "t").returncode == 0
 
 
 def test_a_step_function_may_take_keywords_named_name_and_fn(flow_lab: Lab) -> None:

@@ -1,7 +1,8 @@
 """A workflow's step errors and policies through the command line, real
 processes: retries by max_attempts, a failed task resumed by retry at the
 failed step, PermanentError, timeout, outputs and results that JSON cannot
-hold, StepFailed caught by the workflow, code that raises between steps."""
+hold, StepFailed caught by the workflow, code that raises between steps, a
+checkpoint carried to the next attempt, sys.exit in a step or between steps."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from ninelives.testing import Lab
 pytestmark = pytest.mark.crash
 
 FLOWS = """
+import asyncio
 import os
+import sys
 import time
 
 import ninelives
@@ -106,6 +109,46 @@ def catches(ctx):
 def raises(ctx):
     ctx.step("first", log, "first")
     raise KeyError("no such field")
+
+
+@ninelives.step(max_attempts=3, backoff=False)
+def chunks(n):
+    step = ninelives.current_step()
+    done = step.progress or {"next": 0}
+    for i in range(done["next"], n):
+        log(f"chunk {i}")
+        step.checkpoint({"next": i + 1})
+        if i == 1 and step.attempt == 1:
+            raise RuntimeError("the connection dropped")
+    return n
+
+
+@ninelives.workflow
+def chunked(ctx, n):
+    return chunks(n)
+
+
+@ninelives.workflow
+async def achunked(ctx, n):
+    await asyncio.sleep(0)
+    return await chunks(n)
+
+
+@ninelives.step(max_attempts=2, backoff=False)
+def exiting():
+    log("exiting")
+    sys.exit(0)
+
+
+@ninelives.workflow
+def exits_in_a_step(ctx):
+    return exiting()
+
+
+@ninelives.workflow
+def exits_between_steps(ctx):
+    ctx.step("first", log, "first")
+    sys.exit(0)
 """
 
 
@@ -276,3 +319,49 @@ def test_a_refuse_step_left_running_blocks_until_resolved(flow_lab: Lab, decisio
     ran = 1 if decision == "--done" else 2
     assert _calls(lab) == ["charge 5"] * ran  # resolved done: not called again
     assert lab.cli("verify", "p").returncode == 0
+
+
+@pytest.mark.parametrize("flow", ["chunked", "achunked"])
+def test_the_next_attempt_of_a_step_resumes_from_its_last_checkpoint(
+    flow_lab: Lab, flow: str
+) -> None:
+    """An attempt that raised after committing two chunks: the next attempt in the
+    same run starts from that checkpoint, as a plan step's does."""
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", flow, "--args", "[4]").returncode == 0
+    done = lab.cli("run", "t")
+    assert done.returncode == 0, done.stderr
+    assert _calls(lab) == ["chunk 0", "chunk 1", "chunk 2", "chunk 3"]
+    task = lab.cli("status", "t", "--json").json()
+    assert task["result"] == 4
+    assert task["steps"][0]["attempts"] == 2
+    assert lab.cli("verify", "t").returncode == 0
+
+
+def test_sys_exit_in_a_step_is_a_step_error_not_the_exit_code(flow_lab: Lab) -> None:
+    """sys.exit(0) in a step (a library's CLI helper, say) made run exit 0, the
+    code of a done task, with the step left running and nothing said."""
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", "exits_in_a_step").returncode == 0
+    failed = lab.cli("run", "t")
+    assert failed.returncode == 2, failed.stderr
+    assert _error_lines(failed.stderr) == 1
+    assert "SystemExit" in failed.stderr
+    assert _calls(lab) == ["exiting", "exiting"]
+    assert lab.cli("status", "t", "--json").json()["status"] == "failed"
+    assert lab.cli("verify", "t").returncode == 0
+
+
+def test_sys_exit_between_steps_stops_with_one_line_and_replay_check_goes_on(
+    flow_lab: Lab,
+) -> None:
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", "exits_between_steps").returncode == 0
+    stopped = lab.cli("run", "t")
+    assert stopped.returncode == 12, stopped.stderr
+    assert _error_lines(stopped.stderr) == 1
+    assert "SystemExit" in stopped.stderr
+    assert lab.cli("status", "t", "--json").json()["status"] != "done"
+    checked = lab.cli("replay-check", "--all")
+    assert checked.returncode == 0, checked.stderr
+    assert "1 workflow task(s) replay on this code" in checked.stdout

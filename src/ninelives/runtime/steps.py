@@ -21,7 +21,7 @@ from ..errors import CommitUnknown, PlanError, TaskCancelled, TaskFailed
 from ..humanize import duration
 from ..journal import dumps, encode_output
 from ..models import AGENT_TOOL, APPROVAL_TOOL, Run, Step, StepProgress, StepStatus, Task
-from ..policy import Limits, StepTimeout, describe, limits_for, retry_delay
+from ..policy import USER_ERRORS, Limits, StepTimeout, describe, limits_for, retry_delay
 from ..settings import Settings
 from ..store import StepNotDue, Store
 
@@ -231,7 +231,7 @@ class StepRunner:
             encoded = encode_output(returned, self.settings.max_output)
         except CommitUnknown:
             raise  # storage failed under the effect: stop, never retry
-        except (Exception, StepTimeout) as exc:
+        except USER_ERRORS as exc:
             return self.record_error(run, step, attempt, exc, limits)
         finally:
             if context.progress is not None:

@@ -162,7 +162,7 @@ def _probe(rt: Waiter, run: Run, task: Task, step: Step) -> tuple[str | None, st
         answer = tool.ask_probe(step.input, context)
     except CommitUnknown:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # see ninelives.policy.USER_ERRORS
         return None, clean_error(f"the probe could not tell: {error_text(exc)}")
     if answer is None:
         return None, None
