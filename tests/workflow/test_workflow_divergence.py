@@ -94,6 +94,33 @@ def test_replay_check_all_names_each_diverged_task_once(flow_lab: Lab) -> None:
     assert lab.cli("--tools", "wflows", "replay-check").returncode == 4
 
 
+def test_replay_check_all_reports_a_task_it_cannot_replay_and_checks_the_rest(
+    flow_lab: Lab,
+) -> None:
+    """A task whose workflow the loaded code does not define is a line of
+    ``--all``'s report and the others are still checked; ``--all`` stopped at it
+    (exit 4, nothing printed), so a diverged task after it went unreported."""
+    lab = flow_lab
+    lab.write(
+        "lonely.py", "import ninelives\n\n\n@ninelives.workflow\ndef lonely(ctx):\n    return 1\n"
+    )
+    assert lab.cli("--tools", "lonely", "create", "a", "--workflow", "lonely").returncode == 0
+    _halfway(lab, "b")
+    assert lab.cli("status", "b").returncode == 0  # a reader's marks in -shm, as replay-check's
+    before = lab.fingerprint("a", "b")
+    checked = lab.cli("--tools", "renamed", "replay-check", "--all")
+    assert checked.returncode == 7, checked.stderr
+    lines = checked.stdout.splitlines()
+    assert len(lines) == 2, checked.stdout
+    assert lines[0].startswith("a: cannot be replayed here: ")
+    assert "lonely" in lines[0]
+    assert lines[1] == "b: step 1: journal 'summarize', code 'summary'"
+    assert "2 of 2 workflow task(s) diverge or cannot be replayed here" in checked.stderr
+    assert lab.fingerprint("a", "b") == before
+    # One task named: its own error and exit code, as before.
+    assert lab.cli("--tools", "renamed", "replay-check", "a").returncode == 4
+
+
 def test_negative_control_without_the_name_check_diverged_code_runs(flow_lab: Lab) -> None:
     lab = flow_lab
     _halfway(lab, "t")
