@@ -459,14 +459,19 @@ def test_the_worker_fail_stop_code_is_the_cli_code_of_commit_unknown() -> None:
     assert exit_code(TasksLeft("x")) == 11
 
 
+class _Ends(BaseException):
+    """A library's own BaseException: not an error the runner takes for the tool's
+    (``sys.exit`` is one: see ninelives.policy.USER_ERRORS), so it ends the thread."""
+
+
 def test_a_worker_whose_slots_all_ended_does_not_exit_0(tmp_path: Path) -> None:
-    """A tool that ends its thread (``sys.exit`` inside a library, say) ends a slot;
-    once every slot has ended without a stop or a drain, the worker says so."""
+    """A tool that ends its thread ends a slot; once every slot has ended without
+    a stop or a drain, the worker says so."""
     from ninelives.errors import StoreError
     from ninelives.worker import Worker, WorkerOptions
 
     def leaves(input: Mapping[str, Any], ctx: Mapping[int, Any], key: str) -> Any:
-        raise SystemExit(0)
+        raise _Ends
 
     db = str(tmp_path / "state.db")
     tools = with_tools(leaves=leaves)
