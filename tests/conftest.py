@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
 from collections.abc import Iterator
@@ -23,6 +24,28 @@ FSYNC_ON = "postgres-fsync-on"
 # Failing steps retry at once in the suite (the tests of the wait itself set it);
 # every ninelives process a test starts inherits this.
 os.environ.setdefault("NINELIVES_BACKOFF", "0")
+
+
+#: No test takes near this long; one that does is hung. Rather than stall the run
+#: to its time limit with nothing to show, it prints every thread's stack and ends
+#: the run (exit 1), so a hang is red at once and says where it hung.
+HUNG_AFTER_S = 900
+_STDERR = 2
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The run's own stderr, before capture takes fd 2 over for each test.
+    global _STDERR
+    _STDERR = os.dup(sys.__stderr__.fileno())
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    faulthandler.dump_traceback_later(HUNG_AFTER_S, exit=True, file=_STDERR)
+    try:
+        return (yield)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture(

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import sqlite3
-import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from ninelives.testing import Lab, Result
+from unprivileged import UserLab
 
 COMMANDS = [("create", "new", "plan.json"), ("run", "t"), ("status", "t"), ("export", "t")]
 
@@ -130,36 +128,12 @@ def test_a_newer_schema_is_refused_unchanged(sqlite_lab: Lab, good_db: bytes) ->
     assert lab.files() == files
 
 
-class UserLab(Lab):
-    """A lab whose commands run as a user without root's powers over files: this
-    user when it is not root, else ``nobody`` (root writes any file, whatever its mode)."""
-
-    def argv(self, args: Sequence[str]) -> list[str]:
-        if os.geteuid() != 0:
-            return super().argv(args)
-        # setpriv (util-linux) rather than subprocess's user=: it drops root's
-        # capabilities only at exec, so the interpreter is found wherever it lives.
-        drop = [f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
-        return ["setpriv", *drop, *super().argv(args)]
-
-
-NOBODY = 65534
-
-
 @pytest.fixture
-def user_lab() -> Iterator[UserLab]:
-    # Outside pytest's own temporary folder, which only root may enter.
-    root = Path(tempfile.mkdtemp(prefix="ninelives-user-"))
-    try:
-        lab = UserLab(root / "lab")
-        lab.guide_setup()
-        if os.geteuid() == 0:
-            for folder, _dirs, names in os.walk(root):
-                for name in [folder, *(os.path.join(folder, n) for n in names)]:
-                    os.chown(name, NOBODY, NOBODY)
-        yield lab
-    finally:
-        shutil.rmtree(root)
+def user_lab(tmp_path: Path) -> Iterator[UserLab]:
+    lab = UserLab(tmp_path / "lab")
+    lab.guide_setup()
+    yield lab
+    lab.reap()
 
 
 def test_a_write_to_a_read_only_database_file_is_refused_and_leaves_no_file(

@@ -16,13 +16,13 @@ from __future__ import annotations
 import hashlib
 import os
 import sqlite3
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from ninelives.testing import Lab
+from unprivileged import UserLab
 
 BIG = "x" * 200_000  # over the 64 KiB blob threshold the runs are given: out of row
 THRESHOLD = {"NINELIVES_BLOB_THRESHOLD": "65536"}
@@ -100,23 +100,14 @@ def test_a_folder_named_like_a_blob_is_left_and_the_sweep_goes_on(sqlite_lab: La
     assert orphan  # removed by doctor --fix above, the folder beside it left alone
 
 
-def test_a_blob_that_cannot_be_removed_is_one_line_exit_5(sqlite_lab: Lab) -> None:
-    lab = sqlite_lab
+def test_a_blob_that_cannot_be_removed_is_one_line_exit_5(tmp_path: Path) -> None:
+    lab = UserLab(tmp_path / "lab", db="state.db")
     kept, orphan = _setup(lab, "output")
     folder = _blob_folder(lab)
-    if os.geteuid() == 0:  # root writes anywhere: an immutable folder refuses even root
-        if subprocess.run(["chattr", "+i", str(folder)], check=False).returncode != 0:
-            # The one obstacle root cannot remove through is an immutable folder;
-            # root without CAP_LINUX_IMMUTABLE (a default container) cannot make one,
-            # so the case cannot be built there. As any other user chmod builds it.
-            pytest.skip("as root, this case needs chattr +i (CAP_LINUX_IMMUTABLE), refused here")
-    else:
-        folder.chmod(0o500)
+    folder.chmod(0o500)
     try:
         result = lab.cli("gc", "--older-than", "30d")
     finally:
-        if os.geteuid() == 0:
-            subprocess.run(["chattr", "-i", str(folder)], check=True)
         folder.chmod(0o700)
     assert result.returncode == 5, result
     lines = result.stderr.splitlines()
