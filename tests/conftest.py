@@ -29,7 +29,7 @@ os.environ.setdefault("NINELIVES_BACKOFF", "0")
 #: No test takes near this long; one that does is hung. Rather than stall the run
 #: to its time limit with nothing to show, it prints every thread's stack and ends
 #: the run (exit 1), so a hang is red at once and says where it hung.
-HUNG_AFTER_S = 900
+HUNG_AFTER_S = 1500  # above the longest timeout a test sets (1200 s)
 _STDERR = 2
 
 
