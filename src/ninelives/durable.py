@@ -20,7 +20,8 @@ digest covers them and every reader gets them with the task row); it is
 created with no step. Each ``ctx.step(name, fn, ...)`` call is the task's
 next step: the k-th call is step k, a ``steps`` row whose ``tool`` is the
 name, ``input`` the call's arguments as canonical JSON (``{"args": [...],
-"kwargs": {...}}``, or ``{}`` for arguments JSON cannot hold) and ``output``
+"kwargs": {...}}``, or ``{}`` for arguments JSON cannot hold or larger than a
+plan's 1 MiB: they are for people to read, never replayed) and ``output``
 ``{"value": <what fn returned>}``. On every run the function runs from the
 top (:mod:`ninelives.replay`): a done step returns its stored value without
 calling ``fn``; a new one is appended and committed ``running`` before ``fn``

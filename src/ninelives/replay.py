@@ -259,14 +259,14 @@ class WorkflowContext(ChatCalls):
     ) -> tuple[Step, int]:
         assert self._rt is not None
         assert self._run is not None
-        given = _input(args, kwargs) if given is None else given
+        given, stored_input = _input(args, kwargs) if given is None else (given, dumps(given))
         policy = {"on_unknown": "rerun", **policy_of(fn)}
         if self._stop is not None and self._stop():
             self._release()
         attempt = 1
         if not self._unsafe_late or delay is not None:
             attempt = self._rt.store.append_step(
-                self._run, idx, name, dumps(given), policy=dumps(policy), delay=delay
+                self._run, idx, name, stored_input, policy=dumps(policy), delay=delay
             )
         status = StepStatus.RUNNING if delay is None else StepStatus.PENDING
         not_before = time.time() + delay if delay is not None else None
@@ -492,17 +492,25 @@ def caller(fn: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Callabl
     return lambda: target(*args, **kwargs)
 
 
-def _input(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """A step's stored input: its arguments as JSON, or ``{}`` when JSON cannot
-    hold them (any Python object may be passed to a step)."""
+def _input(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    """A step's stored input and its JSON text: its arguments, or ``{}`` when JSON
+    cannot hold them (any Python object may be passed to a step) or they are
+    larger than a whole plan may be. They are recorded for people to read
+    (status, the web view), never replayed: a step called in a loop with a large
+    value would otherwise store it again on every call."""
+    if not args and not kwargs:
+        return {}, "{}"
     from .journal import storable
+    from .plan import MAX_PLAN_BYTES
 
     given = {"args": list(args), "kwargs": dict(kwargs)}
     try:
-        storable(given, "the step arguments")
+        text = storable(given, "the step arguments")
     except ValueError:
-        return {}
-    return given if args or kwargs else {}
+        return {}, "{}"
+    if len(text) > MAX_PLAN_BYTES // 4 and len(text.encode("utf-8")) > MAX_PLAN_BYTES:
+        return {}, "{}"
+    return given, text
 
 
 def task_spec(task: Task) -> WorkflowSpec:

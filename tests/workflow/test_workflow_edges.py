@@ -7,11 +7,13 @@ message itself raises."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import ninelives
 from ninelives.errors import InputError
+from ninelives.lineage import check_plan
 from ninelives.testing import Lab
 
 pytestmark = pytest.mark.crash
@@ -199,6 +201,30 @@ def test_arguments_with_a_key_json_would_turn_into_text_are_refused(tmp_path: Pa
         with pytest.raises(InputError, match="key 1 is not a string"):
             rt.create("a", show, {1: "one"})
         assert rt.store.task_ids() == []
+
+
+def test_step_arguments_larger_than_a_plan_are_passed_but_not_stored(tmp_path: Path) -> None:
+    """A step called in a loop with a large value would store it on every call:
+    past a plan's size its arguments are recorded as ``{}``, as for arguments JSON
+    cannot hold; the function still gets them, and smaller ones are kept."""
+    from ninelives.plan import MAX_PLAN_BYTES
+
+    @ninelives.workflow("edges_big_args")
+    def measure(ctx: Any, size: int) -> list[int]:
+        return [ctx.step("len", len, "x" * n) for n in (size, size + 1)]
+
+    db = tmp_path / "state.db"
+    size = MAX_PLAN_BYTES - len('{"args":[""],"kwargs":{}}')  # the largest stored whole
+    with ninelives.open(str(db)) as rt:
+        rt.create("t", measure, size)
+        assert rt.run("t").status.value == "done"
+        assert rt.result("t") == [size, size + 1]
+        task = rt.status("t")
+        check_plan(task)  # the digest covers what was stored, {} included
+        inputs = [s.input for s in task.steps]
+    assert inputs[0] == {"args": ["x" * size], "kwargs": {}}
+    assert inputs[1] == {}
+    assert db.stat().st_size < 4 * MAX_PLAN_BYTES  # one copy kept, not two
 
 
 @pytest.mark.parametrize("point", [None, "after_commit:1"])
