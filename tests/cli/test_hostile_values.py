@@ -206,6 +206,12 @@ def test_text_that_is_not_utf8_is_a_damaged_task_and_drain_ends(two: Lab) -> Non
     listed = two.cli("ls", "--json")
     assert listed.returncode == 0, listed
     assert {r["task"]: r["status"] for r in listed.jsonl()} == {"t": "damaged", "u": "waiting"}
+    # Listed as damaged, so asked for as such: no row stores it; verify names them.
+    one_line(two.cli("ls", "--status", "waiting,damaged"), 4, "'ninelives verify --all' names")
+    verify = two.cli("verify", "--all")
+    assert verify.returncode == 7, verify
+    assert "Traceback" not in verify.stderr, verify
+    assert verify.stdout.startswith("t: damaged: task 't' is damaged"), verify
     assert two.cli("status", "u").returncode == 0
     assert task_ids(two) == ["t", "u"]
 

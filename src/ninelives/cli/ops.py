@@ -48,9 +48,15 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
     from ..errors import InputError
     from ..housekeeping import parse_statuses
-    from ..models import TaskStatus
+    from ..models import DAMAGED, TaskStatus
     from ..names import check_queue
 
+    if args.status and DAMAGED in (s.strip() for s in args.status.split(",")):
+        # ls shows it, so it is asked for; but no row stores it (it is what a row
+        # that cannot be read is shown as), and finding those reads every row.
+        raise InputError(
+            f"{DAMAGED} is not a stored status; 'ninelives verify --all' names the damaged tasks"
+        )
     statuses = parse_statuses(args.status, [s.value for s in TaskStatus]) if args.status else []
     queue = check_queue(args.queue) if args.queue is not None else None
     if not 1 <= args.limit <= 10000:
