@@ -75,8 +75,12 @@ def test_gc_removes_finished_tasks_and_says_which(lab: Lab) -> None:
         (("gc", "--older-than", ""), "duration ''"),
         (("gc",), "--older-than"),
         (("gc", "--older-than", "1d", "--status", "running"), "status running"),
+        # An empty value (a script's unset variable) is no filter: it widened gc to
+        # every finished status, and ls to every task.
+        (("gc", "--older-than", "0s", "--status", ""), "status ''"),
         (("gc", "--older-than", "1d", "--batch", "0"), "--batch"),
         (("ls", "--status", "bogus"), "status bogus"),
+        (("ls", "--status", ""), "status ''"),
         (("ls", "--limit", "0"), "--limit"),
         (("ls", "--queue", "../x"), "invalid queue name"),
         (("doctor", "--fix", "extra"), "unrecognized arguments"),

@@ -97,6 +97,8 @@ def test_a_paused_run_is_fenced_and_exits_3(fleet: Fleet) -> None:
         (("worker", "--concurrency", "0"), {}, "concurrency"),
         (("worker", "--poll", "-1"), {}, "poll"),
         (("worker", "--queue", "../x"), {}, "queue"),
+        # Empty (a script's unset variable) is checked as given: it drained 'default'.
+        (("worker", "--queue", "", "--drain"), {}, "invalid queue name ''"),
         (("submit", "t2", "plan.json", "--queue", "-bad"), {}, "queue"),
     ],
 )

@@ -57,7 +57,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
         raise InputError(
             f"{DAMAGED} is not a stored status; 'ninelives verify --all' names the damaged tasks"
         )
-    statuses = parse_statuses(args.status, [s.value for s in TaskStatus]) if args.status else []
+    every = [s.value for s in TaskStatus]
+    statuses = parse_statuses(args.status, every) if args.status is not None else []
     queue = check_queue(args.queue) if args.queue is not None else None
     if not 1 <= args.limit <= 10000:
         raise InputError(f"--limit must be 1-10000, got {args.limit}")
@@ -97,7 +98,9 @@ def cmd_gc(args: argparse.Namespace) -> int:
     from ..housekeeping import FINISHED, gc, parse_duration, parse_statuses
 
     older_than = parse_duration(args.older_than)
-    statuses = parse_statuses(args.status, FINISHED) if args.status else list(FINISHED)
+    # `is not None`: an empty value (a script's unset variable) is refused, not
+    # taken as no filter, which would remove every finished status.
+    statuses = parse_statuses(args.status, FINISHED) if args.status is not None else list(FINISHED)
     if not 1 <= args.batch <= 100000:
         raise InputError(f"--batch must be 1-100000, got {args.batch}")
     verb = "would remove" if args.dry_run else "removed"

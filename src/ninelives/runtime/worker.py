@@ -135,7 +135,11 @@ class WorkerOptions:
             raise InputError(f"--grace must be 0-86400 seconds, got {stop_after!r}")
         return cls(
             url=url,
-            queue=check_queue(queue or env.get("NINELIVES_QUEUE") or "default"),
+            # An empty --queue is checked as given (refused), never taken for
+            # no queue: a worker would take another queue's tasks.
+            queue=check_queue(
+                queue if queue is not None else env.get("NINELIVES_QUEUE") or "default"
+            ),
             concurrency=slots,
             lease=lease_s,
             heartbeat=beat,
