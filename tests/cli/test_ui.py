@@ -188,6 +188,13 @@ def test_other_hosts_need_an_explicit_flag(lab: Lab) -> None:
     assert refused.returncode == 4
     assert refused.stderr.count("\n") == 1
     assert "--allow-remote" in refused.stderr
+    # Empty (every interface to the socket) is refused too; the line shows the host
+    # quoted, so an empty one or one holding a terminal escape is seen as such.
+    for host, shown in (("", "--host ''"), ("\x1b[2J", "--host '\\x1b[2J'")):
+        refused = lab.cli("ui", "--host", host, "--port", "0")
+        assert refused.returncode == 4, refused
+        assert refused.stderr.startswith(f"ninelives: error: {shown} would serve"), refused
+        assert "\x1b" not in refused.stderr
     proc = lab.spawn("ui", "--host", "0.0.0.0", "--port", "0", "--allow-remote")
     try:
         assert proc.stdout is not None

@@ -388,7 +388,7 @@ def serve(
     ``serve_forever``. A host other than loopback needs ``allow_remote``."""
     if host not in LOOPBACK and not allow_remote:
         raise InputError(
-            f"--host {host} would serve the database to other machines: pass --allow-remote "
+            f"--host {host!r} would serve the database to other machines: pass --allow-remote "
             "as well if that is what you want (there is no authentication)"
         )
     if not 0 <= port <= 65535:
