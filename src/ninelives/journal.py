@@ -46,7 +46,7 @@ def storable(value: Any, what: str) -> str:
     try:
         text = dumps(value)
     except (TypeError, ValueError, RecursionError) as exc:
-        raise ValueError(f"{what} is not standard JSON: {exc}") from None
+        raise ValueError(f"{what} is not standard JSON: {_why(value, exc)}") from None
     if "{" in text and (key := _non_string_key(value)):
         raise ValueError(f"{what} is not standard JSON: {key[0]}")
     _check_unicode(text, what)
@@ -55,13 +55,25 @@ def storable(value: Any, what: str) -> str:
     return text
 
 
+def _why(value: Any, exc: BaseException) -> str:
+    """What the encoder's error ``exc`` means: sorting a dict whose keys mix text and
+    numbers fails with "'<' not supported", which names no key."""
+    if isinstance(exc, TypeError) and (key := _non_string_key(value)):
+        return key[0]
+    return str(exc)
+
+
 def _non_string_key(value: Any) -> tuple[str] | tuple[()]:
     """Why ``value`` would not read back as it was: a dict key that is not a string
     (JSON makes ``{1: "a"}`` ``{"1": "a"}``, and a resumed task would find another
-    value than the first run had); ``()`` when every key is a string."""
-    stack = [value]
+    value than the first run had); ``()`` when every key is a string. Each
+    container is walked once (a value that holds itself ends)."""
+    stack, seen = [value], set()
     while stack:
         item = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
         if isinstance(item, dict):
             for key, inner in item.items():
                 if not isinstance(key, str):
@@ -104,7 +116,7 @@ def encode_output(output: Any, max_bytes: int = MAX_OUTPUT_BYTES) -> str:
     try:
         text = dumps(output if isinstance(output, dict) else dict(output))
     except (TypeError, ValueError, RecursionError) as exc:
-        raise OutputRefused(f"output refused: not standard JSON: {exc}") from None
+        raise OutputRefused(f"output refused: not standard JSON: {_why(output, exc)}") from None
     if key := _non_string_key(output):
         raise OutputRefused(f"output refused: not standard JSON: {key[0]}")
     if needs_escape(output):

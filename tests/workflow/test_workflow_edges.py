@@ -203,6 +203,25 @@ def test_arguments_with_a_key_json_would_turn_into_text_are_refused(tmp_path: Pa
         assert rt.store.task_ids() == []
 
 
+def test_keys_mixing_text_and_numbers_are_named_as_such(tmp_path: Path) -> None:
+    """Sorting {1: .., "x": ..} fails before JSON sees the key: the error named
+    no key ("'<' not supported between instances of 'str' and 'int'")."""
+
+    @ninelives.workflow("edges_mixed_keys")
+    def mixed(ctx: Any, table: dict[Any, str]) -> Any:
+        return ctx.step("lookup", lambda: {"codes": {200: "ok", "default": "?"}})
+
+    with ninelives.open(str(tmp_path / "state.db")) as rt:
+        with pytest.raises(InputError, match="key 1 is not a string"):
+            rt.create("a", mixed, {1: "one", "x": "two"})
+        assert rt.store.task_ids() == []
+        rt.create("b", mixed, {"x": "two"})
+        with pytest.raises(ninelives.TaskFailed) as failed:
+            rt.run("b")
+    assert "step 0 (lookup)" in str(failed.value)
+    assert "key 200 is not a string" in str(failed.value)
+
+
 def test_step_arguments_larger_than_a_plan_are_passed_but_not_stored(tmp_path: Path) -> None:
     """A step called in a loop with a large value would store it on every call:
     past a plan's size its arguments are recorded as ``{}``, as for arguments JSON
