@@ -211,6 +211,11 @@ class WorkflowContext(ChatCalls):
         self._check_alive()
         if not isinstance(name, str) or name in RESERVED:
             raise PlanError(f"a workflow step cannot be named {name!r}")
+        if not _storable_text(name):  # as a plan's: SQLite would keep it, PostgreSQL not
+            raise PlanError(
+                f"a workflow step cannot be named {name!r}: a NUL or a lone surrogate "
+                "cannot be stored as text"
+            )
         idx = self._next
         self._next += 1
         stored = self._steps.get(idx)
@@ -454,6 +459,16 @@ def _unsafe(name: str, url: str) -> bool:
     if thrown:
         print(f"ninelives: WARNING: {name} is set: unsafe, for tests only", file=sys.stderr)
     return thrown
+
+
+def _storable_text(text: str) -> bool:
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def encode_value(value: Any, max_output: int) -> str:

@@ -11,7 +11,6 @@ database is escaped, and a Content-Security-Policy forbids scripts outright.
 
 from __future__ import annotations
 
-import html
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -20,7 +19,7 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote
 
-from .humanize import duration
+from .humanize import duration, html_text
 from .journal import calls_models, model_usage
 from .models import Event, EventKind, StepStatus, Task
 
@@ -112,7 +111,7 @@ def _attempt(started: Event, ended: Event | None) -> Attempt:
 
 
 def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
+    return html_text(value)
 
 
 def _elide(text: str, limit: int = _ELIDE) -> str:

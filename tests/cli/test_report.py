@@ -91,6 +91,19 @@ def test_a_hostile_goal_is_text_and_never_runs(lab: Lab) -> None:
     assert html.unescape(inner) == HOSTILE
 
 
+def test_a_goal_that_would_reorder_or_act_is_shown_escaped(lab: Lab) -> None:
+    # A right-to-left override shows "pay \u202e01$ ot" as "pay to $10"; a BEL is
+    # not text. Both reached the file raw; a newline is laid out, not escaped.
+    lab.write("notes.txt", "n\n")
+    goal = "pay \u202e01$ ot\x07\nmore"
+    lab.write_plan({"goal": goal, "steps": [{"tool": "fetch", "input": {"path": "notes.txt"}}]})
+    assert lab.cli("create", "t", "plan.json").returncode == 0
+    assert lab.cli("report", "t").returncode == 0
+    page = (lab.root / "report-t.html").read_text(encoding="utf-8")
+    assert not set("\u202e\x07") & set(page)
+    assert "pay \\u202e01$ ot\\x07\nmore" in page
+
+
 def test_negative_control_an_unescaped_goal_would_be_markup(
     lab: Lab, monkeypatch: pytest.MonkeyPatch
 ) -> None:

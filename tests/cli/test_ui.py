@@ -131,6 +131,35 @@ def test_pages_load_in_chromium_and_a_hostile_goal_stays_text(
         shutil.copy(shot, Path(keep) / "ui.png")
 
 
+def test_stored_text_that_would_reorder_or_act_is_shown_escaped(lab: Lab, view_of: Any) -> None:
+    """A goal holding a right-to-left override shows later text reversed (``pay
+    \u202e01$ ot`` reads as "pay to $10"); a BEL in it, or an ESC in a workflow's
+    step name, is not text: each reached the page raw. Escaped as the terminal
+    views escape them; a newline and a tab a page lays out itself."""
+    import ninelives
+    from ninelives import runtime
+
+    @ninelives.workflow("ui_odd_name")
+    def odd(ctx: Any) -> Any:
+        return ctx.step("a\x1bb", lambda: 1)
+
+    lab.write("notes.txt", "n\n")
+    goal = "pay \u202e01$ ot\x07x\tand\nmore"
+    lab.write_plan({"goal": goal, "steps": [{"tool": "fetch", "input": {"path": "notes.txt"}}]})
+    assert lab.cli("create", "t", "plan.json").returncode == 0
+    with runtime.open(lab.db if "://" in lab.db else str(lab.root / lab.db)) as rt:
+        rt.create("w", odd)
+        rt.run("w")
+    view = view_of()
+    pages = {path: view.get(path) for path in ("/", "/task/t", "/task/w")}
+    for path, (code, _, page) in pages.items():
+        assert code == 200, page
+        assert not set("\u202e\x07\x1b") & set(page), path
+    assert "pay \\u202e01$ ot\\x07x\tand\nmore" in pages["/"][2]
+    assert "pay \\u202e01$ ot\\x07x\tand\nmore" in pages["/task/t"][2]
+    assert "a\\x1bb" in pages["/task/w"][2]
+
+
 def test_paging_keeps_the_filters(lab: Lab, view_of: Any) -> None:
     from ninelives.runtime import open as open_runtime
 

@@ -139,6 +139,12 @@ def owed():
 @ninelives.workflow
 def pay_all(ctx):
     return [ctx.step("pay", pay, name) for name in ctx.step("owed", owed)]
+
+
+@ninelives.workflow
+def odd_name(ctx, kind):
+    ctx.step("first", log, "first")
+    return ctx.step({"nul": "a\\x00b", "surrogate": "a\\udcffb"}[kind], log, "second")
 """
 
 
@@ -201,6 +207,25 @@ def test_arguments_with_a_key_json_would_turn_into_text_are_refused(tmp_path: Pa
         with pytest.raises(InputError, match="key 1 is not a string"):
             rt.create("a", show, {1: "one"})
         assert rt.store.task_ids() == []
+
+
+@pytest.mark.parametrize("kind", ["nul", "surrogate"])
+def test_a_step_name_that_cannot_be_stored_is_refused_before_it_runs(
+    flow_lab: Lab, kind: str
+) -> None:
+    """A NUL (or a lone surrogate) in a step's name: SQLite kept the NUL, PostgreSQL
+    refused it as a store error (exit 5) with the step about to run. Refused on
+    both as a plan's NUL is, before the step: exit 12, the task left to fixed code."""
+    lab = flow_lab
+    made = lab.cli("create", "t", "--workflow", "odd_name", "--args", f'["{kind}"]')
+    assert made.returncode == 0, made.stderr
+    refused = lab.cli("run", "t")
+    assert refused.returncode == 12, refused.stderr
+    assert "cannot be stored as text" in _one_error_line(refused.stderr)
+    assert _calls(lab) == ["first"]
+    status = lab.cli("status", "t", "--json").json()
+    assert [s["tool"] for s in status["steps"]] == ["first"]
+    assert status["status"] == "running"
 
 
 def test_keys_mixing_text_and_numbers_are_named_as_such(tmp_path: Path) -> None:

@@ -17,29 +17,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import OutputFailed
-
-# Characters that a terminal acts on instead of showing: C0 and C1 controls
-# (ESC, CSI, OSC, "\r", "\n"), DEL, and the bidirectional and line-separator
-# formats that reorder what is shown; and lone surrogates (undecodable bytes of
-# a file name or argument), which a UTF-8 stream cannot write at all. Stored
-# text (a plan's goal, a tool's output or error, a file name) is data: in a
-# human view it is escaped.
-_UNSAFE = "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]"
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def _escape_char(match: Any) -> str:
-    char = str(match.group())
-    return _NAMED.get(char) or (
-        f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
-    )
+from ..humanize import UNSAFE, visible
 
 
 def printable(text: str) -> str:
     """``text`` with every character a terminal would act on escaped (``\\x1b``, ``\\n``)."""
-    import re
-
-    return re.sub(_UNSAFE, _escape_char, text)
+    return visible(text)
 
 
 def _json_escape(match: Any) -> str:
@@ -57,7 +40,7 @@ def json_line(value: Any) -> str:
 
     from ..journal import printable_json
 
-    text = re.sub(_UNSAFE, _json_escape, printable_json(value))
+    text = re.sub(UNSAFE, _json_escape, printable_json(value))
     if _NARROW_STDOUT:
         # Outside strings JSON is ASCII, so every other character is in one.
         text = re.sub("[^\x00-\x7f]", _json_ascii, text)

@@ -17,7 +17,6 @@ reach it through DNS rebinding).
 
 from __future__ import annotations
 
-import html
 import json
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -27,7 +26,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
 from ..errors import InputError, NineLivesError, UnknownTask
-from ..humanize import age
+from ..humanize import age, html_text
 from ..models import TaskStatus
 
 PAGE_SIZE = 50
@@ -41,7 +40,7 @@ _CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 
 
 def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
+    return html_text(value)
 
 
 class Viewer:
