@@ -19,6 +19,23 @@ BLOB_THRESHOLD_OFF = 1 << 40
 #: The largest ``NINELIVES_BACKOFF`` (and the default cap of every wait, in seconds).
 BACKOFF_CAP = 30.0
 
+#: Each number of :class:`Settings`: its variable, type and range, the one rule
+#: that :meth:`Settings.from_env` reads a variable by and :meth:`Settings.checked`
+#: checks a value given in code by.
+NUMBERS: dict[str, tuple[str, type[int] | type[float], float, float | None]] = {
+    "max_attempts": ("AGENT_MAX_ATTEMPTS", int, 1, None),
+    # time.sleep() overflows past ~2**63 ns: a day is plenty for any test.
+    "step_delay": ("AGENT_STEP_DELAY", float, 0, 86400),
+    "max_recoveries": ("NINELIVES_MAX_RECOVERIES", int, 0, None),
+    # SQLite refuses a value over 1e9 bytes by default; half of that leaves
+    # room for the row and for a reader's copy in memory.
+    "max_output": ("NINELIVES_MAX_OUTPUT", int, 1024, 512 * 1024 * 1024),
+    "backoff": ("NINELIVES_BACKOFF", float, 0, BACKOFF_CAP),
+    "blob_threshold": ("NINELIVES_BLOB_THRESHOLD", int, 0, BLOB_THRESHOLD_OFF),
+    "max_fetch": ("NINELIVES_MAX_FETCH", int, 1, 1 << 40),
+    "llm_timeout": ("NINELIVES_LLM_TIMEOUT", float, 0.1, 86400),
+}
+
 
 class Settings(NamedTuple):
     """Everything the runtime and the built-in tools read from the environment."""
@@ -63,46 +80,44 @@ class Settings(NamedTuple):
                 crashpoints.parse(crash_at)
             except ValueError as exc:
                 raise InputError(f"AGENT_CRASH_AT: {exc}") from None
+        numbers = {
+            field: env_number(env, name, cls._field_defaults[field], kind, minimum, maximum)
+            for field, (name, kind, minimum, maximum) in NUMBERS.items()
+        }
         return cls(
-            max_attempts=env_number(env, "AGENT_MAX_ATTEMPTS", 3, int, minimum=1),
-            # time.sleep() overflows past ~2**63 ns: a day is plenty for any test.
-            step_delay=env_number(env, "AGENT_STEP_DELAY", 0.0, float, minimum=0, maximum=86400),
             artifacts=env.get("AGENT_ARTIFACTS") or "artifacts",
             unsafe_effects=env.get("AGENT_UNSAFE_EFFECTS", "") not in ("", "0"),
             llm=env.get("AGENT_LLM") or "stub",
             ollama_url=env.get("OLLAMA_URL") or "http://127.0.0.1:11434",
             ollama_model=env.get("OLLAMA_MODEL") or "llama3.2",
             workspace=env.get("NINELIVES_WORKSPACE") or ".",
-            max_recoveries=env_number(env, "NINELIVES_MAX_RECOVERIES", 5, int, minimum=0),
-            # SQLite refuses a value over 1e9 bytes by default; half of that leaves
-            # room for the row and for a reader's copy in memory.
-            max_output=env_number(
-                env,
-                "NINELIVES_MAX_OUTPUT",
-                64 * 1024 * 1024,
-                int,
-                minimum=1024,
-                maximum=512 * 1024 * 1024,
-            ),
-            backoff=env_number(
-                env, "NINELIVES_BACKOFF", 0.5, float, minimum=0, maximum=BACKOFF_CAP
-            ),
             tool_modules=parse_tool_modules(env.get("NINELIVES_TOOLS", "")),
-            blob_threshold=env_number(
-                env,
-                "NINELIVES_BLOB_THRESHOLD",
-                BLOB_THRESHOLD_OFF,
-                int,
-                minimum=0,
-                maximum=BLOB_THRESHOLD_OFF,
-            ),
-            max_fetch=env_number(
-                env, "NINELIVES_MAX_FETCH", 1 << 30, int, minimum=1, maximum=1 << 40
-            ),
-            llm_timeout=env_number(
-                env, "NINELIVES_LLM_TIMEOUT", 120.0, float, minimum=0.1, maximum=86400
-            ),
+            **numbers,
         )
+
+    def checked(self) -> Settings:
+        """These settings, if every value is one :meth:`from_env` could have read
+        (a number in its variable's range, a folder named); else an
+        :class:`InputError` naming the field. The runtime checks settings given
+        in code before it opens anything: a negative delay or an empty artifacts
+        folder failed in the middle of a step before."""
+        for field, (name, kind, minimum, maximum) in NUMBERS.items():
+            value = getattr(self, field)
+            number = not isinstance(value, bool) and isinstance(
+                value, (int, float) if kind is float else int
+            )
+            # NaN compares false with everything: test the accepted range.
+            if not (number and minimum <= value and (maximum is None or value <= maximum)):
+                span = f"at least {minimum}" if maximum is None else f"{minimum} to {maximum}"
+                what = "an integer" if kind is int else "a number"
+                raise InputError(
+                    f"Settings.{field} must be {what}, {span} (as {name}), got {value!r}"
+                )
+        for field in ("artifacts", "workspace"):
+            folder = getattr(self, field)
+            if not isinstance(folder, str) or not folder:
+                raise InputError(f"Settings.{field} must name a folder, got {folder!r}")
+        return self
 
 
 def parse_tool_modules(text: str) -> tuple[str, ...]:

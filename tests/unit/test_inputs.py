@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ninelives import crashpoints
@@ -114,6 +116,42 @@ def test_every_variable_is_read() -> None:
         ollama_model="tiny",
         workspace="/w",
     )
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_attempts", 0), ("max_attempts", True), ("max_attempts", 2.0),
+        ("step_delay", -1.0), ("backoff", float("nan")), ("backoff", 31),
+        ("max_output", 0), ("blob_threshold", -5), ("max_recoveries", -1),
+        ("llm_timeout", float("inf")), ("max_fetch", "1"), ("artifacts", ""), ("workspace", None),
+    ],
+)  # fmt: skip
+def test_settings_given_in_code_are_checked_before_anything_opens(
+    tmp_path: Path, field: str, value: object
+) -> None:
+    # A negative step delay failed inside a step already committed running (a
+    # bare ValueError from time.sleep), an empty artifacts folder after the
+    # effect, max_attempts=0 ran once: each value a variable cannot give.
+    import ninelives
+    from ninelives.runtime.core import Runtime
+
+    bad = Settings()._replace(**{field: value})
+    with pytest.raises(InputError, match=f"Settings.{field} must"):
+        ninelives.open(str(tmp_path / "state.db"), settings=bad)
+    assert list(tmp_path.iterdir()) == []
+    with ninelives.open(str(tmp_path / "state.db"), settings=Settings()) as rt:
+        with pytest.raises(InputError, match=f"Settings.{field} must"):
+            Runtime(rt.store, settings=bad)
+
+
+def test_the_edges_of_each_range_are_accepted() -> None:
+    from ninelives.settings import NUMBERS
+
+    for field, (_name, kind, minimum, maximum) in NUMBERS.items():
+        for edge in (minimum, maximum):
+            if edge is not None:
+                assert Settings()._replace(**{field: kind(edge)}).checked()
 
 
 @pytest.mark.parametrize(("raw", "unsafe"), [("", False), ("0", False), ("1", True), ("yes", True)])

@@ -491,6 +491,6 @@ def open(
     """
     if url is None:
         url = os.environ.get("NINELIVES_DB") or "state.db"
-    settings = settings if settings is not None else Settings.from_env()
+    settings = settings.checked() if settings is not None else Settings.from_env()
     store = open_store(url, create=create, readonly=readonly)
     return Runtime(store, settings=settings, tools=tools, log=log, on_progress=on_progress)

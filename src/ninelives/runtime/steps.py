@@ -45,7 +45,7 @@ class StepRunner:
         on_progress: Callable[[StepProgress], None] | None = None,
     ) -> None:
         self.store = store
-        self.settings = settings if settings is not None else Settings.from_env()
+        self.settings = settings.checked() if settings is not None else Settings.from_env()
         self._tools = tools
         self._log = log
         # Called after each committed ctx.checkpoint; None costs nothing per checkpoint.
