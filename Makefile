@@ -65,8 +65,8 @@ lint: $(VENV)/.dev
 	$(BIN)/mypy
 
 test: $(VENV)/.installed lint docs system-deps
-	@echo "==> the whole suite: real processes killed with SIGKILL, a throwaway PostgreSQL (about 55 minutes on 2 cores)"
-	NINELIVES_FORBID_SKIPS=1 $(BIN)/pytest
+	@echo "==> the whole suite: real processes killed with SIGKILL, a throwaway PostgreSQL (50 to 75 minutes on 2 cores)"
+	NINELIVES_FORBID_SKIPS=1 $(BIN)/pytest --durations=25
 	@echo "==> the reliability slice: random kills, power cuts, I/O faults, simulation seeds (about 1 minute)"
 	$(BIN)/python bench/reliability.py --quick
 	@$(MAKE) --no-print-directory check-install
