@@ -19,10 +19,9 @@ from typing import Any
 from ..errors import OutputFailed
 from ..humanize import UNSAFE, visible
 
-
-def printable(text: str) -> str:
-    """``text`` with every character a terminal would act on escaped (``\\x1b``, ``\\n``)."""
-    return visible(text)
+#: Stored text with every character a terminal would act on escaped: one rule
+#: with the web view and the report (:func:`ninelives.humanize.visible`).
+printable = visible
 
 
 def _json_escape(match: Any) -> str:
