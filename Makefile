@@ -15,7 +15,7 @@ endif
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-fast check-install lint docs bench clean system-deps
+.PHONY: demo test test-fast check-install lint docs bench clean system-deps bytecode
 
 # The demo needs ninelives alone; the tests add their tools on top.
 $(VENV)/.core: pyproject.toml
@@ -64,7 +64,14 @@ lint: $(VENV)/.dev
 	$(BIN)/ruff format --check src tests bench examples scripts
 	$(BIN)/mypy
 
-test: $(VENV)/.installed lint docs system-deps
+# The suite starts thousands of ninelives processes. An editable install's modules
+# are compiled by the first import that may write bytecode; with
+# PYTHONDONTWRITEBYTECODE set none may, and each process compiled them all again
+# (half of a SQLite command's start-up). compileall writes the caches either way.
+bytecode:
+	@$(BIN)/python -m compileall -q src tests examples
+
+test: $(VENV)/.installed lint docs system-deps bytecode
 	@echo "==> the whole suite: real processes killed with SIGKILL, a throwaway PostgreSQL (50 to 75 minutes on 2 cores)"
 	NINELIVES_FORBID_SKIPS=1 $(BIN)/pytest --durations=25
 	@echo "==> the reliability slice: random kills, power cuts, I/O faults, simulation seeds (about 1 minute)"
@@ -79,7 +86,7 @@ check-install: $(VENV)/.installed
 
 # The inner loop: lint and the quick tests, about 3 minutes of CPU; it installs
 # only the test extra. Tests taking more than a few seconds are marked slow.
-test-fast: lint
+test-fast: lint bytecode
 	@echo "==> the quick tests (no PostgreSQL, nothing marked slow); 'make test' runs everything"
 	NINELIVES_BACKOFF=0 $(BIN)/pytest -q -x -m "not slow and not postgres"
 
