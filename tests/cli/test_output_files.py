@@ -73,6 +73,33 @@ def test_a_regular_file_is_replaced_whole(done: Lab) -> None:
     assert [p.name for p in done.root.iterdir() if p.name.startswith(".report-")] == []
 
 
+def report_under_umask(lab: Lab, mask: int, target: str) -> Result:
+    """``report -o target`` run under ``mask``, as a shell's ``umask`` sets it."""
+    old = os.umask(mask)  # the child inherits it
+    try:
+        return lab.cli("report", "t", "-o", target)
+    finally:
+        os.umask(old)
+
+
+def test_a_new_page_takes_the_umask_as_a_shell_redirection_would(done: Lab) -> None:
+    # The page holds step outputs from an owner-only database: umask 077 keeps it
+    # private; 022 gives the usual 644.
+    wrote(report_under_umask(done, 0o077, "private.html"), "private.html")
+    assert stat.S_IMODE(os.stat(done.root / "private.html").st_mode) == 0o600
+    wrote(report_under_umask(done, 0o022, "shared.html"), "shared.html")
+    assert stat.S_IMODE(os.stat(done.root / "shared.html").st_mode) == 0o644
+
+
+def test_a_replaced_file_keeps_its_permissions(done: Lab) -> None:
+    for name, mode in (("private.html", 0o600), ("readonly.html", 0o444)):
+        (done.root / name).write_text("old")
+        os.chmod(done.root / name, mode)
+        wrote(report_under_umask(done, 0o022, name), name)
+        assert stat.S_IMODE(os.stat(done.root / name).st_mode) == mode, name
+        assert (done.root / name).read_text(encoding="utf-8") == page_of(done)
+
+
 def test_a_fifo_is_written_through_and_stays_a_fifo(done: Lab) -> None:
     fifo = done.root / "pipe"
     os.mkfifo(fifo)

@@ -307,7 +307,7 @@ def write_file(path: str, text: str, *, database: str | None = None) -> bool:
         raise _cannot_write(path, exc) from None
     if st is not None and not stat.S_ISREG(st.st_mode):
         return _write_through(path, text.encode("utf-8"))
-    _replace_file(path, text)
+    _replace_file(path, text, None if st is None else stat.S_IMODE(st.st_mode) & 0o777)
     return True
 
 
@@ -355,18 +355,25 @@ def _cannot_write(path: str, exc: OSError | str) -> Exception:
     return OutputFailed(f"cannot write {path}: {why}")
 
 
-def _replace_file(path: str, text: str) -> None:
-    import tempfile
+def _replace_file(path: str, text: str, mode: int | None) -> None:
+    """Write ``text`` to a temporary file beside ``path``, then rename it over
+    ``path``. The page holds step outputs of an owner-only database, so it gets
+    the permissions a shell's ``>`` would give it: a new file 0o666 less the
+    umask (the kernel applies it at the open), a replaced one its own ``mode``."""
+    import secrets
 
     folder = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(folder, f".report-{secrets.token_hex(8)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".report-", suffix=".tmp")
+        fd = os.open(tmp, flags, 0o666)
     except OSError as exc:
         raise _cannot_write(path, exc) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
-        os.chmod(tmp, 0o644)
+            if mode is not None:
+                os.fchmod(fh.fileno(), mode)
         os.replace(tmp, path)
     except OSError as exc:
         os.unlink(tmp)
