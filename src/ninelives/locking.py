@@ -95,15 +95,7 @@ class TaskLock:
             pass
         # The folder is opened without following a link, and the lock file
         # opened inside that very folder (dir_fd): no swap between check and use.
-        try:
-            dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise StoreError(
-                    f"lock folder {folder} is not a plain folder (a symlink or a file): "
-                    "remove it; ninelives recreates it"
-                ) from None
-            raise
+        dir_fd = open_lock_folder(folder)
         try:
             own = os.path.basename(self.path)
             if RANGES:
@@ -148,6 +140,22 @@ class TaskLock:
         race with a process that has just opened it."""
         while self._fds:
             os.close(self._fds.pop())
+
+
+def open_lock_folder(folder: str) -> int:
+    """A descriptor of the lock folder ``folder``, opened without following a
+    link. Raises :class:`StoreError` if it is a symlink or not a folder (a run
+    refuses it, and housekeeping must neither judge nor remove another folder's
+    files through it); :class:`FileNotFoundError` if it is missing."""
+    try:
+        return os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise StoreError(
+                f"lock folder {folder} is not a plain folder (a symlink or a file): "
+                "remove it; ninelives recreates it"
+            ) from None
+        raise
 
 
 def is_held(db_path: str, task_id: str) -> bool:

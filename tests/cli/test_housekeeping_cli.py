@@ -216,3 +216,34 @@ def test_doctor_knows_the_blob_stores_lock_and_never_removes_it(sqlite_lab: Lab)
     assert not stale.exists()
     assert blob_lock.stat().st_ino == inode
     assert foreign.exists()
+
+
+@pytest.mark.parametrize("kind", ["symlink", "file"])
+def test_doctor_names_a_lock_folder_that_is_not_a_plain_folder(
+    sqlite_lab: Lab, tmp_path: Path, kind: str
+) -> None:
+    """A lock folder that is a symlink or a file makes every run exit 5; doctor
+    says so (exit 5, the same line), and ``--fix`` removes nothing wherever a link
+    points: another folder's files named like a task's lock are not its own."""
+    lab = sqlite_lab
+    _tasks(lab)
+    folder = Path(lock_folder(str(lab.sqlite_path)))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    theirs = elsewhere / ("0" * 32 + ".lock")
+    theirs.write_bytes(b"")
+    for name in os.listdir(folder):
+        (folder / name).unlink()
+    folder.rmdir()
+    if kind == "symlink":
+        folder.symlink_to(elsewhere)
+    else:
+        folder.write_bytes(b"")
+    refused = lab.cli("run", "c")
+    _one_line_error(refused, 5, "is not a plain folder")
+    for args in (("doctor",), ("doctor", "--json"), ("doctor", "--fix")):
+        result = lab.cli(*args)
+        _one_line_error(result, 5, refused.stderr.strip().removeprefix("ninelives: error: "))
+        assert result.stdout == "", result
+    assert theirs.exists()
+    assert folder.is_symlink() if kind == "symlink" else folder.is_file()

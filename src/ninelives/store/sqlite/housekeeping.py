@@ -24,6 +24,7 @@ from ...locking import (
     TaskLock,
     is_held,
     lock_folder,
+    open_lock_folder,
     remove_lock,
 )
 from ...models import DAMAGED, Deleted, MetricCounts, TaskHold, TaskSummary, step_durations
@@ -119,11 +120,16 @@ class SQLiteHousekeeping:
         return is_held(self.path, task_id)
 
     def lock_files(self) -> list[str]:
-        """The names in the lock folder (each a hash of a task id)."""
+        """The names in the lock folder (each a hash of a task id); a folder
+        that is a symlink or a file is :class:`StoreError`, as a run finds it."""
         try:
-            return sorted(os.listdir(lock_folder(self.path)))
-        except (FileNotFoundError, NotADirectoryError):
+            fd = open_lock_folder(lock_folder(self.path))
+        except FileNotFoundError:
             return []
+        try:
+            return sorted(os.listdir(fd))
+        finally:
+            os.close(fd)
 
     def wal_bytes(self) -> int:
         """The size of the write-ahead log (0 when there is none)."""
@@ -243,27 +249,41 @@ class SQLiteHousekeepingWrites(SQLiteHousekeeping):
     def remove_lock_file(self, name: str) -> bool:
         """Unlink lock file ``name`` of a task that is gone, under its lock; False
         when a live process holds it (then it stays)."""
-        import errno
-        import fcntl
-
         if not re.fullmatch(TASK_LOCK_NAME, name):
             return False  # the blob store's lock, or a name ninelives does not make
-        folder = lock_folder(self.path)
+        # Opened and unlinked inside the folder's own descriptor: a folder
+        # swapped for a link meanwhile cannot steer the unlink elsewhere.
         try:
-            fd = os.open(os.path.join(folder, name), os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+            dir_fd = open_lock_folder(lock_folder(self.path))
         except FileNotFoundError:
             return True
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    return False
-                raise
-            os.unlink(os.path.join(folder, name))
-            return True
+            return _unlink_unheld(name, dir_fd)
         finally:
-            os.close(fd)
+            os.close(dir_fd)
+
+
+def _unlink_unheld(name: str, dir_fd: int) -> bool:
+    """Unlink lock file ``name`` in ``dir_fd`` under its lock; False when a
+    live process holds it."""
+    import errno
+    import fcntl
+
+    try:
+        fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return True
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return False
+            raise
+        os.unlink(name, dir_fd=dir_fd)
+        return True
+    finally:
+        os.close(fd)
 
 
 def _lenient_metric_counts(conn: sqlite3.Connection) -> MetricCounts:
