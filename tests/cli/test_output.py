@@ -47,6 +47,30 @@ def run_closed(lab: Lab, args: list[str]) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+def run_without_stderr(lab: Lab, args: list[str]) -> subprocess.CompletedProcess[str]:
+    """The command with its stderr closed (``2>&-``) and its stdout captured."""
+    return subprocess.run(
+        ["sh", "-c", 'exec "$@" 2>&-', "sh", *lab.argv(args)], cwd=lab.root, env=lab.env(),
+        stdout=subprocess.PIPE, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [(["status", "nosuch"], 1), (["bogus"], 4), (["export"], 4), (["run", "t"], 0)],
+)
+def test_a_closed_stderr_never_sends_error_or_progress_lines_to_stdout(
+    sqlite_lab: Lab, args: list[str], code: int
+) -> None:
+    # `export t 2>&- > journal.jsonl`: stdout is the command's data, whatever
+    # happens to stderr; the exit code still tells.
+    created(sqlite_lab)
+    result = run_without_stderr(sqlite_lab, args)
+    assert result.returncode == code, result
+    assert "ninelives" not in result.stdout, result.stdout
+    assert "t: " not in result.stdout, result.stdout
+
+
 def test_exit_code_10_is_the_output_failure() -> None:
     assert dict(EXIT_CODES)[OutputFailed] == OUTPUT_FAILED
 

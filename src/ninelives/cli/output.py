@@ -265,6 +265,16 @@ def guard_std_fds() -> None:
         except OSError:
             _STDOUT_CLOSED = _STDOUT_CLOSED or fd == 1
             _occupy(fd)
+    if sys.stderr is None:
+        # Python starts with no sys.stderr when fd 2 was closed (`2>&-`), and
+        # print(file=None) then writes to sys.stdout: error and progress lines
+        # would land in the command's data (`export t 2>&- > journal.jsonl`).
+        try:
+            sys.stderr = open(2, "w", errors="backslashreplace", closefd=False)
+        except OSError:  # fd 2 could not even be pointed at /dev/null
+            import io
+
+            sys.stderr = io.StringIO()
 
 
 def _occupy(fd: int) -> None:
