@@ -176,6 +176,9 @@ class Blobs(Protocol):
         """Remove every temporary file whose writer is gone (:meth:`temps`); their names."""
         ...
 
+    def refuse_link(self, what: str = "store") -> None:
+        """Raise :class:`StoreError` if the blob folder is a symlink (refusing to ``what``)."""
+
 
 #: What follows ``.TASK-`` in the name of a blob's temporary file (tag ``TASK-IDX``).
 _TEMP_TAIL = re.compile(r"\d+\.[0-9a-f]{16}\.tmp")
@@ -335,7 +338,7 @@ class FolderBlobs:
     def put(self, chunks: Iterable[bytes], *, tag: str | None = None) -> BlobRef:
         from . import diskio
 
-        self._refuse_link("store")
+        self.refuse_link("store")
         temp = f".{tag or 'blob'}.{os.urandom(8).hex()}.tmp"
         try:
             with self._locked(exclusive=False):
@@ -349,9 +352,9 @@ class FolderBlobs:
             raise StoreError(f"cannot store a blob in {self.folder}: {exc.strerror}") from exc
         return BlobRef(published.sha256, published.size)
 
-    def _refuse_link(self, what: str) -> None:
+    def refuse_link(self, what: str = "store") -> None:
+        """As for the lock folder: blobs are written and removed beside the database only."""
         if os.path.islink(self.folder):
-            # As for the lock folder: blobs are written and removed beside the database only.
             raise StoreError(f"blob folder {self.folder} is a symlink; refusing to {what} there")
 
     def _open_checked(self, ref: BlobRef) -> int:
@@ -414,7 +417,7 @@ class FolderBlobs:
 
     def delete(self, sha256: str, older_than: float) -> bool:
         path = self._path(sha256)
-        self._refuse_link("remove blobs")
+        self.refuse_link("remove blobs")
         with self._locked(exclusive=True):
             try:
                 st = os.lstat(path)
@@ -472,7 +475,7 @@ class FolderBlobs:
     def remove_temp(self, name: str, older_than: float) -> bool:
         if os.sep in name or not _TEMP_NAME.fullmatch(name):
             return False
-        self._refuse_link("remove files")
+        self.refuse_link("remove files")
         path = os.path.join(self.folder, name)
         try:
             if not self._writer_gone(name, os.lstat(path).st_mtime, older_than):

@@ -309,13 +309,50 @@ def test_a_blob_folder_that_is_a_symlink_is_refused(sqlite_lab: Lab, tmp_path: P
     elsewhere.mkdir()
     assert lab.sqlite_path is not None
     Path(str(lab.sqlite_path) + ".blobs").symlink_to(elsewhere)
-    result = lab.cli("run", TASK, NINELIVES_BLOB_THRESHOLD="0")
-    assert result.returncode == 5, result
-    assert "is a symlink" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+    before = lab.fingerprint(TASK)
+    # Refused before the claim, as a missing tool is: no attempt, no recovery, no
+    # event, so refusals past NINELIVES_MAX_RECOVERIES never fail the task, and no
+    # step's effect runs for an output that could not be kept.
+    for _ in range(7):
+        result = lab.cli("run", TASK, NINELIVES_BLOB_THRESHOLD="0")
+        assert result.returncode == 5, result
+        assert "is a symlink" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+    assert lab.fingerprint(TASK) == before
     assert list(elsewhere.iterdir()) == []  # nothing written through the link
     Path(str(lab.sqlite_path) + ".blobs").unlink()
     assert lab.cli("run", TASK, NINELIVES_BLOB_THRESHOLD="0").returncode == 0  # control
+
+
+def test_a_worker_leaves_a_task_whose_blob_folder_is_a_symlink(
+    sqlite_lab: Lab, tmp_path: Path
+) -> None:
+    # A worker refused after the tool ran, recovered the step and ran it again, six
+    # times in one process, then failed the task at the recovery limit.
+    lab = sqlite_lab
+    lab.guide_setup()
+    assert lab.cli("submit", TASK, "plan.json").returncode == 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    assert lab.sqlite_path is not None
+    Path(str(lab.sqlite_path) + ".blobs").symlink_to(elsewhere)
+
+    def stored() -> tuple[str, str]:  # a worker may write its own rows: the task's
+        return lab.cli("status", TASK, "--outputs").stdout, lab.cli("export", TASK).stdout
+
+    before = stored()
+    drain = lab.cli("worker", "--drain", "--poll", "0.05", NINELIVES_BLOB_THRESHOLD="0")
+    assert drain.returncode == 11, drain
+    assert "Traceback" not in drain.stderr
+    last = drain.stderr.splitlines()[-1]
+    assert "drained except 1 task(s)" in last, last
+    assert "is a symlink" in last, last
+    assert stored() == before
+    assert list(elsewhere.iterdir()) == []
+    Path(str(lab.sqlite_path) + ".blobs").unlink()
+    control = lab.cli("worker", "--drain", "--poll", "0.05", NINELIVES_BLOB_THRESHOLD="0")
+    assert control.returncode == 0, control
+    assert lab.cli("status", TASK, "--json").json()["status"] == "done"
 
 
 @pytest.mark.slow

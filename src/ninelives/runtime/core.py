@@ -38,7 +38,7 @@ from ..names import check_queue as check_queue
 from ..names import check_stored_id
 from ..names import check_task_id as check_task_id
 from ..names import new_run_id as new_run_id
-from ..settings import Settings
+from ..settings import BLOB_THRESHOLD_OFF, Settings
 from ..store import journal, open_store
 from .steps import StepRunner
 
@@ -302,8 +302,9 @@ class Runtime(StepRunner):
         )  # fmt: skip
 
     def _claimable(self, task: Task) -> None:
-        """``run``'s check before its claim: a parked task, a missing tool or another
-        artifacts folder stops it with nothing written."""
+        """``run``'s check before its claim: a parked task, a missing tool, another
+        artifacts folder or a blob folder that is a symlink stops it with nothing
+        written."""
         from .waits import refuse_parked
 
         refuse_parked(task)
@@ -313,6 +314,17 @@ class Runtime(StepRunner):
         finished = task.status in (TaskStatus.DONE, TaskStatus.FAILED)
         if self.settings.artifacts != DEFAULT_ARTIFACTS and not finished:
             self._check_artifacts(task)
+        if not finished:
+            self.refuse_unstorable()
+
+    def refuse_unstorable(self) -> None:
+        """Raise :class:`~ninelives.errors.StoreError` if outputs over the blob
+        threshold cannot be kept here (a blob folder that is a symlink). Checked
+        before a claim: found after a step's tool ran, the refusal would leave the
+        step running, and each run again would count a recovery and run its
+        effect again."""
+        if self.settings.blob_threshold != BLOB_THRESHOLD_OFF:
+            self.store.blobs.refuse_link("store")
 
     def unknown_modes(self) -> Callable[[Step], str]:
         """``on_unknown(step)`` for a claim: each step's mode for an unknown outcome."""

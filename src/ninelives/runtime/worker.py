@@ -355,7 +355,8 @@ class Worker:
         def check(task: Task) -> None:
             try:
                 runtime.resolve_tools(task)
-            except PlanError as exc:
+                runtime.refuse_unstorable()
+            except (PlanError, StoreError) as exc:
                 raise _CannotRun(task.id, str(exc)) from None
 
         try:

@@ -38,6 +38,9 @@ class TableBlobs:
         self._session = session
         self._conn = conn
 
+    def refuse_link(self, what: str = "store") -> None:
+        """Nothing to refuse: the blobs are rows of this database, never behind a link."""
+
     def on(self, conn: Conn) -> TableBlobs:
         """This store reading through ``conn``, inside a transaction already open
         (a task's outputs are resolved in the snapshot its rows were read in)."""
