@@ -197,6 +197,19 @@ def test_artifact_damage_is_reported(sqlite_lab: Lab) -> None:
     assert _verify(sqlite_lab, TASK).returncode == 0
 
 
+@pytest.mark.parametrize("args", [(TASK,), ("--all",)])
+def test_an_empty_artifacts_folder_is_bad_input(sqlite_lab: Lab, args: tuple[str, ...]) -> None:
+    # `--artifacts "$DIR"` with DIR unset: the working directory was checked instead,
+    # every artifact reported missing from "" (exit 7), or found in the wrong place.
+    _done(sqlite_lab)
+    result = _verify(sqlite_lab, *args, "--artifacts", "")
+    assert result.returncode == 4, result
+    assert result.stdout == "", result
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert "--artifacts" in result.stderr, result.stderr
+    assert _verify(sqlite_lab, *args, "--artifacts", "artifacts").returncode == 0  # control
+
+
 def test_an_artifact_changed_at_the_same_length_is_reported(sqlite_lab: Lab) -> None:
     """Other bytes of the same length: only the sha256 tells them from the published text."""
     _done(sqlite_lab)

@@ -22,6 +22,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if (args.task_id is None) != args.all:
         which = ", not both" if args.all else ""
         raise InputError(f"give a TASK or --all{which} (see 'ninelives verify --help')")
+    if args.artifacts == "":  # a script's unset variable: never the working directory
+        raise InputError("--artifacts is empty: name the folder the tasks publish to")
     if args.artifacts is not None and os.path.exists(args.artifacts):
         if not os.path.isdir(args.artifacts):
             raise InputError(f"--artifacts {args.artifacts}: not a folder")
