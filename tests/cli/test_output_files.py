@@ -211,3 +211,16 @@ def test_torture_dir_that_is_not_a_folder_is_one_line(done: Lab, kind: str) -> N
         assert (done.root / "afile").read_text() == "keep"
     else:
         assert_null_device(Path(os.devnull))
+
+
+def test_an_empty_torture_dir_is_bad_input_not_the_working_directory(sqlite_lab: Lab) -> None:
+    # `--dir "$DIR"` with DIR unset: the session's database, locks and artifacts
+    # went into the project folder the command ran in.
+    sqlite_lab.guide_setup()
+    before = sorted(p.name for p in sqlite_lab.root.iterdir())
+    result = sqlite_lab.cli("torture", "plan.json", "--kills", "0", "--dir", "")
+    assert result.returncode == 4, result
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "--dir" in result.stderr, result.stderr
+    assert sorted(p.name for p in sqlite_lab.root.iterdir()) == before

@@ -164,6 +164,8 @@ def _claim_folder(folder: str | None) -> str:
     refused when it is a file or already holds a database."""
     import tempfile
 
+    if folder == "":  # a script's unset variable: never the working directory
+        raise InputError("--dir is empty: give a new or empty folder, or leave --dir out")
     if folder is None:
         folder = tempfile.mkdtemp(prefix="ninelives-torture-")
     folder = os.path.abspath(folder)
