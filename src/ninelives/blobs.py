@@ -42,6 +42,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from . import diskio
 from .errors import BlobDamaged, EffectUnknown, StoreError
 from .errors import BlobUnreadable as BlobUnreadable  # its old home: kept importable
 from .models import load_json
@@ -176,8 +177,8 @@ class Blobs(Protocol):
         """Remove every temporary file whose writer is gone (:meth:`temps`); their names."""
         ...
 
-    def refuse_link(self, what: str = "store") -> None:
-        """Raise :class:`StoreError` if the blob folder is a symlink (refusing to ``what``)."""
+    def check_writable(self) -> None:
+        """Raise :class:`StoreError` unless a blob can be stored here now."""
 
 
 #: What follows ``.TASK-`` in the name of a blob's temporary file (tag ``TASK-IDX``).
@@ -227,9 +228,8 @@ def resolve_step(step: Step, blobs: Blobs | None) -> Step:
 def resolve_task(task: Task, blobs: Blobs | None) -> Task:
     """The task with every step's output resolved (:func:`resolve_step`)."""
     steps = tuple(resolve_step(step, blobs) for step in task.steps)
-    if all(a is b for a, b in zip(steps, task.steps, strict=True)):
-        return task
-    return task._replace(steps=steps)
+    unchanged = all(a is b for a, b in zip(steps, task.steps, strict=True))
+    return task if unchanged else task._replace(steps=steps)
 
 
 # -- the blob store of the current run (for tools) ---------------------------------
@@ -336,9 +336,7 @@ class FolderBlobs:
         return os.path.join(self.folder, sha256)
 
     def put(self, chunks: Iterable[bytes], *, tag: str | None = None) -> BlobRef:
-        from . import diskio
-
-        self.refuse_link("store")
+        self.check_writable()
         temp = f".{tag or 'blob'}.{os.urandom(8).hex()}.tmp"
         try:
             with self._locked(exclusive=False):
@@ -352,9 +350,13 @@ class FolderBlobs:
             raise StoreError(f"cannot store a blob in {self.folder}: {exc.strerror}") from exc
         return BlobRef(published.sha256, published.size)
 
-    def refuse_link(self, what: str = "store") -> None:
-        """As for the lock folder: blobs are written and removed beside the database only."""
-        if os.path.islink(self.folder):
+    def check_writable(self) -> None:
+        why = diskio.unusable_folder(self.folder)
+        if why is not None:
+            raise StoreError(f"blob folder {self.folder} {why}; refusing to store there")
+
+    def _refuse_link(self, what: str) -> None:
+        if os.path.islink(self.folder):  # as for the lock folder: never through a link
             raise StoreError(f"blob folder {self.folder} is a symlink; refusing to {what} there")
 
     def _open_checked(self, ref: BlobRef) -> int:
@@ -417,7 +419,7 @@ class FolderBlobs:
 
     def delete(self, sha256: str, older_than: float) -> bool:
         path = self._path(sha256)
-        self.refuse_link("remove blobs")
+        self._refuse_link("remove blobs")
         with self._locked(exclusive=True):
             try:
                 st = os.lstat(path)
@@ -428,9 +430,7 @@ class FolderBlobs:
                 return False
             except OSError as exc:  # a folder this user cannot write, a read-only mount
                 raise StoreError(f"cannot remove blob {path}: {exc.strerror}") from None
-        from .diskio import fsync_dir
-
-        fsync_dir(self.folder)
+        diskio.fsync_dir(self.folder)
         return True
 
     def remove_orphans(self, task_id: str) -> None:
@@ -475,7 +475,7 @@ class FolderBlobs:
     def remove_temp(self, name: str, older_than: float) -> bool:
         if os.sep in name or not _TEMP_NAME.fullmatch(name):
             return False
-        self.refuse_link("remove files")
+        self._refuse_link("remove files")
         path = os.path.join(self.folder, name)
         try:
             if not self._writer_gone(name, os.lstat(path).st_mtime, older_than):

@@ -92,6 +92,23 @@ def make_folder(folder: str, mode: int = 0o777) -> None:
         fsync_dir(parent)
 
 
+def unusable_folder(folder: str) -> str | None:
+    """Why no file can be written in ``folder`` (which :func:`make_folder` makes
+    when missing), or None: a symlink, not a folder, or not writable here (its
+    mode, a read-only mount, an immutable folder). Checked before work whose
+    result must then be written there, so that it fails before, not after."""
+    if os.path.islink(folder):
+        return "is a symlink"
+    existing = os.path.abspath(folder)
+    while not os.path.lexists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return "is not a folder" if existing == folder else f"cannot be made: {existing} is a file"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return "is not writable" if existing == folder else f"cannot be made in {existing}"
+    return None
+
+
 def _existing(path: str) -> tuple[str, int]:
     """SHA-256 and size of the regular file someone else put at ``path``."""
     # A FIFO must not block the run, a symlink must not be followed, a huge

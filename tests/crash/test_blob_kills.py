@@ -17,6 +17,7 @@ import pytest
 
 from ninelives.testing import Lab
 from ninelives.testing.lab import GUIDE_PLAN
+from unprivileged import UserLab
 
 pytestmark = pytest.mark.crash
 
@@ -321,6 +322,38 @@ def test_a_blob_folder_that_is_a_symlink_is_refused(sqlite_lab: Lab, tmp_path: P
     assert lab.fingerprint(TASK) == before
     assert list(elsewhere.iterdir()) == []  # nothing written through the link
     Path(str(lab.sqlite_path) + ".blobs").unlink()
+    assert lab.cli("run", TASK, NINELIVES_BLOB_THRESHOLD="0").returncode == 0  # control
+
+
+@pytest.mark.parametrize("kind", ["file", "fifo", "read-only folder"])
+def test_a_blob_folder_no_blob_can_be_written_in_is_refused_before_the_claim(
+    tmp_path: Path, kind: str
+) -> None:
+    # Found when the blob was stored, after the step's tool ran: the step stayed
+    # running, and every run counted a recovery and ran the effect again.
+    lab = UserLab(tmp_path / "lab")  # a mode binds it even when the tests run as root
+    lab.guide_setup()
+    assert lab.cli("create", TASK, "plan.json").returncode == 0
+    assert lab.sqlite_path is not None
+    folder = Path(str(lab.sqlite_path) + ".blobs")
+    if kind == "file":
+        folder.write_text("")
+    elif kind == "fifo":
+        os.mkfifo(folder)
+    else:
+        folder.mkdir(mode=0o500)
+    before = lab.fingerprint(TASK)
+    for _ in range(7):  # past NINELIVES_MAX_RECOVERIES: no refusal counts as one
+        result = lab.cli("run", TASK, NINELIVES_BLOB_THRESHOLD="0")
+        assert result.returncode == 5, result
+        assert "refusing to store there" in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+    assert lab.fingerprint(TASK) == before
+    assert not (lab.root / "artifacts").exists()  # the effect never ran
+    if kind == "read-only folder":
+        folder.chmod(0o700)
+    else:
+        folder.unlink(missing_ok=True)
     assert lab.cli("run", TASK, NINELIVES_BLOB_THRESHOLD="0").returncode == 0  # control
 
 

@@ -319,12 +319,13 @@ class Runtime(StepRunner):
 
     def refuse_unstorable(self) -> None:
         """Raise :class:`~ninelives.errors.StoreError` if outputs over the blob
-        threshold cannot be kept here (a blob folder that is a symlink). Checked
+        threshold cannot be kept here (a blob folder that is a symlink, not a
+        folder or not writable: :meth:`~ninelives.blobs.Blobs.check_writable`). Checked
         before a claim: found after a step's tool ran, the refusal would leave the
         step running, and each run again would count a recovery and run its
         effect again."""
         if self.settings.blob_threshold != BLOB_THRESHOLD_OFF:
-            self.store.blobs.refuse_link("store")
+            self.store.blobs.check_writable()
 
     def unknown_modes(self) -> Callable[[Step], str]:
         """``on_unknown(step)`` for a claim: each step's mode for an unknown outcome."""

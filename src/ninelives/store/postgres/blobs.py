@@ -38,8 +38,8 @@ class TableBlobs:
         self._session = session
         self._conn = conn
 
-    def refuse_link(self, what: str = "store") -> None:
-        """Nothing to refuse: the blobs are rows of this database, never behind a link."""
+    def check_writable(self) -> None:
+        """Nothing to check before a claim: the blobs are rows of this database."""
 
     def on(self, conn: Conn) -> TableBlobs:
         """This store reading through ``conn``, inside a transaction already open
