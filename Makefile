@@ -68,7 +68,7 @@ lint: $(VENV)/.dev
 # are compiled by the first import that may write bytecode; with
 # PYTHONDONTWRITEBYTECODE set none may, and each process compiled them all again
 # (half of a SQLite command's start-up). compileall writes the caches either way.
-bytecode:
+bytecode: $(VENV)/.core
 	@$(BIN)/python -m compileall -q src tests examples
 
 test: $(VENV)/.installed lint docs system-deps bytecode
