@@ -189,11 +189,14 @@ class WorkflowContext(ChatCalls):
             )
             raise self.dead
         if self.running is not None:
-            raise PlanError(
-                f"a step was called while step {self.running.idx} ({self.running.tool!r}) "
-                "runs: steps run one after another (asyncio.gather and tasks run them "
-                "together: await each in turn)"
+            # Kept on the context: the step running is cancelled when the loop
+            # ends, and this, not its cancel, is what the run reports.
+            self.dead = WorkflowError(
+                f"task {self.task_id!r}: a step was called while step {self.running.idx} "
+                f"({self.running.tool!r}) runs: steps run one after another (asyncio.gather "
+                "and tasks run them together: await each in turn)"
             )
+            raise self.dead
 
     def enter_step(
         self,

@@ -89,6 +89,22 @@ async def together(ctx):
 
 
 @ninelives.workflow
+async def cut_short(ctx):
+    try:
+        await asyncio.wait_for(ctx.step("slow", slow), 0.1)
+    except asyncio.TimeoutError:
+        pass
+    return await ctx.step("next", log, "next")
+
+
+@ninelives.workflow
+async def unawaited(ctx):
+    asyncio.ensure_future(ctx.step("slow", slow))
+    await asyncio.sleep(0.1)
+    return "returned"
+
+
+@ninelives.workflow
 def nested(ctx):
     def outer():
         log("outer")
@@ -336,6 +352,25 @@ def test_steps_started_together_are_refused_before_the_second_starts(flow_lab: L
     status = lab.cli("status", "t", "--json").json()
     assert status["status"] == "running"
     assert [s["tool"] for s in status["steps"]] == ["boom"]
+    checked = lab.cli("verify", "t")
+    assert checked.returncode == 0, checked.stdout
+
+
+@pytest.mark.parametrize("flow", ["cut_short", "unawaited"])
+def test_a_step_cancelled_while_it_runs_stops_the_run(flow_lab: Lab, flow: str) -> None:
+    """``asyncio.wait_for`` around a step, or a workflow returning before the
+    step it started ends, cancels the step mid-effect: its outcome is unknown,
+    as after a kill. The run went on (the next step, then ``task_done``) with
+    the step left ``running`` in a done task, which verify reported."""
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", flow).returncode == 0
+    refused = lab.cli("run", "t")
+    assert refused.returncode == 12, refused.stderr
+    assert "was cancelled while it ran" in _one_error_line(refused.stderr)
+    assert _calls(lab) == ["slow"]
+    status = lab.cli("status", "t", "--json").json()
+    assert status["status"] == "running"
+    assert [(s["tool"], s["status"]) for s in status["steps"]] == [("slow", "running")]
     checked = lab.cli("verify", "t")
     assert checked.returncode == 0, checked.stdout
 
