@@ -68,7 +68,7 @@ def _check_name(name: Any, what: str) -> str:
 
 
 #: ``co_flags`` bit of an ``async def`` (inspect.CO_COROUTINE, without importing inspect).
-_CO_COROUTINE = 0x80
+CO_COROUTINE = 0x80
 
 
 class Workflow(NamedTuple):
@@ -106,7 +106,7 @@ def workflow(name: str | Callable[..., Any] | None = None, *, version: str | Non
     def register(fn: Callable[..., Any]) -> Workflow:
         found = _check_name(name if name is not None else fn.__name__, "workflow")
         flags = getattr(getattr(fn, "__code__", None), "co_flags", 0)
-        made = Workflow(name=found, fn=fn, version=version, is_async=bool(flags & _CO_COROUTINE))
+        made = Workflow(name=found, fn=fn, version=version, is_async=bool(flags & CO_COROUTINE))
         _WORKFLOWS[found] = made
         return made
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import crashpoints
 from .blobs import RAW_KEY, escape, needs_escape
-from .durable import ACTIVE, CURRENT, StepFunction, Workflow, WorkflowSpec, spec_of
+from .durable import ACTIVE, CO_COROUTINE, CURRENT, StepFunction, Workflow, WorkflowSpec, spec_of
 from .errors import (
     CommitUnknown,
     NineLivesError,
@@ -107,6 +107,7 @@ class WorkflowContext(ChatCalls):
         """Run ``fn(*args, **kwargs)`` as the task's next durable step ``name``
         and return its value (from the journal when it is done already)."""
         with self.guard():
+            _refuse_async(self.task_id, self._next, name, fn)
             step, attempt = self.enter_step(name, fn, args, kwargs)
             if attempt is None:
                 return value_of(step.output)
@@ -438,6 +439,19 @@ class WorkflowContext(ChatCalls):
             ) from None
         crashpoints.crash("before_task_done")
         self._rt.store.finish_task(self._run, result=encoded)
+
+
+def _refuse_async(task_id: str, idx: int, name: str, fn: Any) -> None:
+    """:class:`WorkflowError` (exit 12, nothing written) for an ``async def`` step
+    called from a sync workflow, which cannot await it: each attempt would store
+    a coroutine that never ran as its error, until the task failed."""
+    target = fn.fn if isinstance(fn, StepFunction) else fn
+    if getattr(getattr(target, "__code__", None), "co_flags", 0) & CO_COROUTINE:
+        raise WorkflowError(
+            f"task {task_id!r} step {idx} ({name!r}) is an async def, which a sync workflow "
+            "cannot await; nothing was written: make the workflow an async def and await "
+            "the step, or the step a plain def"
+        )
 
 
 def _seconds(value: Any) -> float:

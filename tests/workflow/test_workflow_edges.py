@@ -104,6 +104,23 @@ async def unawaited(ctx):
     return "returned"
 
 
+async def later():
+    log("later")
+    return "later"
+
+
+@ninelives.step(name="declared_later")
+async def declared_later():
+    log("later")
+    return "later"
+
+
+@ninelives.workflow
+def sync_calls_async(ctx, declared):
+    ctx.step("first", log, "first")
+    return declared_later() if declared else ctx.step("later", later)
+
+
 @ninelives.workflow
 def nested(ctx):
     def outer():
@@ -373,6 +390,31 @@ def test_a_step_cancelled_while_it_runs_stops_the_run(flow_lab: Lab, flow: str) 
     assert [(s["tool"], s["status"]) for s in status["steps"]] == [("slow", "running")]
     checked = lab.cli("verify", "t")
     assert checked.returncode == 0, checked.stdout
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_an_async_step_in_a_sync_workflow_is_refused_before_it_starts(
+    flow_lab: Lab, declared: bool
+) -> None:
+    """A sync workflow cannot await an ``async def`` step: its attempts stored a
+    coroutine that never ran as their error ("Object of type coroutine is not JSON
+    serializable", with Python's "never awaited" warnings) until the task failed
+    (exit 2). It is the code's error: exit 12 before the step starts, the task
+    left for fixed code."""
+    lab = flow_lab
+    made = lab.cli(
+        "create", "t", "--workflow", "sync_calls_async", "--args", f"[{str(declared).lower()}]"
+    )
+    assert made.returncode == 0, made.stderr
+    refused = lab.cli("run", "t")
+    assert refused.returncode == 12, refused.stderr
+    assert "is an async def" in _one_error_line(refused.stderr)
+    assert "RuntimeWarning" not in refused.stderr
+    assert _calls(lab) == ["first"]
+    status = lab.cli("status", "t", "--json").json()
+    assert status["status"] == "running"
+    assert [(s["tool"], s["status"]) for s in status["steps"]] == [("first", "done")]
+    assert lab.cli("verify", "t").returncode == 0
 
 
 def test_a_step_called_inside_a_step_stops_the_run_without_retrying_or_failing(
