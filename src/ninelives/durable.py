@@ -67,6 +67,14 @@ def _check_name(name: Any, what: str) -> str:
     return name
 
 
+def _check_text(text: str, what: str) -> None:
+    """:class:`PlanError` for text no store keeps (a lone surrogate is not UTF-8)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PlanError(f"{what} {text!r} is not valid Unicode text (a lone surrogate)") from None
+
+
 #: ``co_flags`` bit of an ``async def`` (inspect.CO_COROUTINE, without importing inspect).
 CO_COROUTINE = 0x80
 
@@ -102,6 +110,8 @@ def workflow(name: str | Callable[..., Any] | None = None, *, version: str | Non
         return workflow()(name)
     if version is not None and not isinstance(version, str):
         raise PlanError(f"workflow version must be a string, got {version!r}")
+    if version is not None:
+        _check_text(version, "workflow version")
 
     def register(fn: Callable[..., Any]) -> Workflow:
         found = _check_name(name if name is not None else fn.__name__, "workflow")
@@ -293,6 +303,9 @@ def prepare(
         raise PlanError(f"not a workflow: {flow!r} (decorate it with @ninelives.workflow)")
     if any(not isinstance(k, str) for k in kwargs):
         raise PlanError("workflow keyword arguments must have string names")
+    _check_text(flow.name, "workflow name")  # a Workflow made by hand is not checked
+    if flow.version is not None:
+        _check_text(flow.version, "workflow version")
     _check_call(flow, args, kwargs)
     body = [list(args), dict(kwargs)]
     if depth(body[0]) > MAX_DEPTH or depth(body[1]) > MAX_DEPTH:

@@ -261,6 +261,45 @@ def test_a_step_name_that_cannot_be_stored_is_refused_before_it_runs(
     assert status["status"] == "running"
 
 
+BAD_VERSION = """
+import ninelives
+
+
+@ninelives.workflow("bad_version", version="v\\udcff")
+def bad_version(ctx):
+    return 1
+"""
+
+
+def test_a_workflow_version_that_is_not_valid_unicode_is_refused(
+    flow_lab: Lab, tmp_path: Path
+) -> None:
+    """A lone surrogate in a workflow's version (or a hand-made Workflow's name)
+    cannot be stored as text: ``create`` printed a UnicodeEncodeError traceback
+    (exit 1, "unknown task"), the library raised it bare."""
+    lab = flow_lab
+    lab.write("vflows.py", BAD_VERSION)
+    refused = lab.cli("create", "t", "--workflow", "bad_version", NINELIVES_TOOLS="vflows")
+    assert refused.returncode == 4, refused.stderr
+    assert "not valid Unicode" in _one_error_line(refused.stderr)
+    assert lab.cli("status", "t").returncode == 1
+
+    def body(ctx: Any) -> int:
+        return 1
+
+    with pytest.raises(InputError, match="not valid Unicode"):
+        ninelives.workflow("edges_bad_version", version="v\udcff")(body)
+    assert "edges_bad_version" not in ninelives.durable.registered()
+    for hand in (
+        ninelives.durable.Workflow(name="edges_hand", fn=body, version="v\udcff"),
+        ninelives.durable.Workflow(name="edges_\udcff", fn=body),
+    ):
+        with ninelives.open(str(tmp_path / "state.db")) as rt:
+            with pytest.raises(InputError, match="not valid Unicode"):
+                rt.create("a", hand)
+            assert rt.store.task_ids() == []
+
+
 def test_keys_mixing_text_and_numbers_are_named_as_such(tmp_path: Path) -> None:
     """Sorting {1: .., "x": ..} fails before JSON sees the key: the error named
     no key ("'<' not supported between instances of 'str' and 'int'")."""
