@@ -27,9 +27,15 @@ DAMAGED = "damaged"
 WORKFLOW_GOAL = "workflow:"
 
 
+#: How every workflow task's goal begins: the canonical JSON's first key is "args".
+#: A plan an older version stored with a goal that merely begins ``workflow:`` (any
+#: text was a goal then) stays a plan; ``create`` refuses the bare prefix for new ones.
+WORKFLOW_SPEC = WORKFLOW_GOAL + '{"args":'
+
+
 def is_workflow(goal: str) -> bool:
     """Whether a task of this goal is a workflow's (its steps come from code)."""
-    return goal.startswith(WORKFLOW_GOAL)
+    return goal.startswith(WORKFLOW_SPEC)
 
 
 class TaskStatus(str, Enum):

@@ -94,7 +94,7 @@ def test_the_claim_never_starts_a_workflow_step(store: Store) -> None:
 
 
 def test_a_plan_whose_goal_reads_like_a_workflow_is_started_by_its_claim(store: Store) -> None:
-    # Only the exact prefix "workflow:" makes a workflow's task (is_workflow).
+    # Only a goal of the workflow form (`workflow:{"args":...`) makes a workflow's task.
     # SQL's LIKE ignores case on SQLite: "Workflow: ..." was once taken for a
     # workflow there, and its claim left the first step unstarted.
     plan = plan_from_dict(
