@@ -171,6 +171,15 @@ class StepTimeout(BaseException):
 USER_ERRORS = (Exception, StepTimeout, SystemExit)
 
 
+def is_cancel(exc: BaseException) -> bool:
+    """Whether ``exc`` is asyncio's ``CancelledError`` (a ``BaseException``): no
+    code raised it unless asyncio is loaded, so the CLI need not import it."""
+    import sys
+
+    asyncio = sys.modules.get("asyncio")
+    return asyncio is not None and isinstance(exc, asyncio.CancelledError)
+
+
 def in_main_thread() -> bool:
     """True where ``SIGALRM`` can interrupt the running code."""
     return threading.current_thread() is threading.main_thread()

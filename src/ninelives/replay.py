@@ -43,7 +43,7 @@ from .errors import (
 )
 from .journal import dumps, encode_output, error_text
 from .models import AGENT_TOOL, APPROVAL_TOOL, Run, Step, StepStatus, Task
-from .policy import USER_ERRORS, Limits, StepTimeout, limits_for
+from .policy import USER_ERRORS, Limits, StepTimeout, is_cancel, limits_for
 from .replay_chat import ChatCalls
 
 if TYPE_CHECKING:
@@ -365,12 +365,27 @@ class WorkflowContext(ChatCalls):
                 except USER_ERRORS as exc:
                     attempt = self._failed(step, attempt, exc, limits)
                     continue
+                except BaseException as exc:
+                    self.cancelled(step, exc)
+                    raise
                 finally:
                     CURRENT.reset(token)
                     self.kept(step, context)
                 return self._done(step, value, encoded, began)
         finally:
             self.running = None
+
+    def cancelled(self, step: Step, exc: BaseException) -> None:
+        """Keep asyncio's cancel of a running step as what ends the run (exit 12):
+        its effect stopped midway, its outcome unknown as after a kill, so it is
+        left running for the next run to recover, never gone past."""
+        if self.dead is None and is_cancel(exc):
+            self.dead = WorkflowError(
+                f"task {self.task_id!r}: step {step.idx} ({step.tool!r}) was cancelled while "
+                "it ran (asyncio.wait_for around it, the workflow returning before it ended, "
+                "or its own code): its outcome is unknown and it is left running for the "
+                "next run; await each step to its end (a step's time limit is its timeout)"
+            )
 
     def kept(self, step: Step, context: ToolContext) -> None:
         """Keep the progress an attempt committed for the step's next attempt."""
@@ -566,7 +581,9 @@ def call(flow: Workflow, ctx: WorkflowContext, spec: WorkflowSpec) -> Any:
         return flow.fn(ctx, *spec.args, **spec.kwargs)
     except (Released, CommitUnknown):
         raise
-    except (Exception, SystemExit) as exc:  # SystemExit: see USER_ERRORS
+    except BaseException as exc:  # SystemExit: see USER_ERRORS
+        if not isinstance(exc, (Exception, SystemExit)) and not is_cancel(exc):
+            raise  # KeyboardInterrupt, a test harness's crash
         if ctx.dead is not None:
             raise ctx.dead from None
         if isinstance(exc, NineLivesError) and not isinstance(exc, PlanError):

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .durable import CURRENT
-from .errors import CommitUnknown, WorkflowError
+from .errors import CommitUnknown
 from .models import Step
 from .policy import USER_ERRORS, StepTimeout
 from .replay import WorkflowContext, caller, encode_value, policy_of, step_limits, value_of
@@ -81,40 +81,22 @@ class AsyncWorkflowContext(AsyncChatCalls, WorkflowContext):
                     with rt.time_limit(run, step, attempt, limits):
                         value = call()
                     if inspect.isawaitable(value):
-                        value = await _awaited(self, step, value, limits.timeout)
+                        value = await _limited(value, limits.timeout)
                     encoded = encode_value(value, rt.settings.max_output)
                 except CommitUnknown:
                     raise
                 except USER_ERRORS as exc:
                     attempt = self._failed(step, attempt, exc, limits)
                     continue
+                except BaseException as exc:  # asyncio.wait_for around the step: see cancelled
+                    self.cancelled(step, exc)
+                    raise
                 finally:
                     CURRENT.reset(token)
                     self.kept(step, context)
                 return self._done(step, value, encoded, began)
         finally:
             self.running = None
-
-
-async def _awaited(ctx: WorkflowContext, step: Step, awaitable: Any, timeout: float | None) -> Any:
-    """The step's awaited value. A cancel from outside (``asyncio.wait_for``
-    around the step, the workflow returning before the step ends) stops the
-    effect midway: its outcome is unknown, as after a kill, so the run ends
-    (exit 12) with the step left running for the next run to recover, instead
-    of going on past it and committing the task done. ``ctx`` may be a sync
-    workflow's context (the framework adapters await steps on it)."""
-    try:
-        return await _limited(awaitable, timeout)
-    except asyncio.CancelledError:
-        if ctx.dead is not None:  # the error that made the loop cancel it says more
-            raise
-        ctx.dead = WorkflowError(
-            f"task {ctx.task_id!r}: step {step.idx} ({step.tool!r}) was cancelled while it "
-            "ran (asyncio.wait_for around it, or the workflow returned before it ended): "
-            "its outcome is unknown and it is left running for the next run; await each "
-            "step to its end (a step's time limit is its timeout policy)"
-        )
-        raise
 
 
 async def _limited(awaitable: Any, timeout: float | None) -> Any:

@@ -121,6 +121,32 @@ def sync_calls_async(ctx, declared):
     return declared_later() if declared else ctx.step("later", later)
 
 
+def cancels():
+    log("cancels")
+    raise asyncio.CancelledError()
+
+
+async def acancels():
+    log("cancels")
+    raise asyncio.CancelledError()
+
+
+@ninelives.workflow
+def sync_cancel(ctx):
+    return ctx.step("cancels", cancels)
+
+
+@ninelives.workflow
+async def self_cancel(ctx):
+    return await ctx.step("cancels", acancels)
+
+
+@ninelives.workflow
+def cancel_between(ctx):
+    ctx.step("first", log, "first")
+    raise asyncio.CancelledError()
+
+
 @ninelives.workflow
 def nested(ctx):
     def outer():
@@ -429,6 +455,35 @@ def test_a_step_cancelled_while_it_runs_stops_the_run(flow_lab: Lab, flow: str) 
     assert [(s["tool"], s["status"]) for s in status["steps"]] == [("slow", "running")]
     checked = lab.cli("verify", "t")
     assert checked.returncode == 0, checked.stdout
+
+
+@pytest.mark.parametrize("flow", ["sync_cancel", "self_cancel"])
+def test_a_step_raising_asyncios_cancel_stops_the_run_in_one_line(flow_lab: Lab, flow: str) -> None:
+    """asyncio's CancelledError is a BaseException: raised in a step (or reaching
+    an async workflow's loop) it escaped the run as a traceback, exit 1 (the code
+    of "unknown task"), the step left running and nothing said."""
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", flow).returncode == 0
+    refused = lab.cli("run", "t")
+    assert refused.returncode == 12, refused.stderr
+    assert "was cancelled while it ran" in _one_error_line(refused.stderr)
+    assert _calls(lab) == ["cancels"]
+    status = lab.cli("status", "t", "--json").json()
+    assert [(s["tool"], s["status"]) for s in status["steps"]] == [("cancels", "running")]
+    assert lab.cli("verify", "t").returncode == 0
+
+
+def test_asyncios_cancel_raised_between_steps_is_one_line(flow_lab: Lab) -> None:
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", "cancel_between").returncode == 0
+    refused = lab.cli("run", "t")
+    assert refused.returncode == 12, refused.stderr
+    assert "raised outside a step, after 1 step call(s): CancelledError" in _one_error_line(
+        refused.stderr
+    )
+    status = lab.cli("status", "t", "--json").json()
+    assert [(s["tool"], s["status"]) for s in status["steps"]] == [("first", "done")]
+    assert status["status"] == "running"
 
 
 @pytest.mark.parametrize("declared", [False, True])
