@@ -224,3 +224,14 @@ def test_an_empty_torture_dir_is_bad_input_not_the_working_directory(sqlite_lab:
     assert result.stderr.count("\n") == 1, result.stderr
     assert "--dir" in result.stderr, result.stderr
     assert sorted(p.name for p in sqlite_lab.root.iterdir()) == before
+
+
+def test_an_empty_report_file_is_bad_input(done: Lab) -> None:
+    # `-o "$OUT"` with OUT unset: exit 10 ("cannot write : No such file or
+    # directory"), the code of an output that failed, not of the input given.
+    files = done.files()
+    result = done.cli("report", "t", "-o", "")
+    assert result.returncode == 4, result
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "-o is empty" in result.stderr, result.stderr
+    assert done.files() == files

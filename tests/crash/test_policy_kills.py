@@ -20,6 +20,7 @@ from ninelives.testing import Lab
 pytestmark = pytest.mark.crash
 
 TOOLS = """
+import asyncio
 import hashlib
 import os
 import signal
@@ -81,6 +82,15 @@ def refused(step_input, ctx):
 @tool("exits")
 def exits(step_input, ctx):
     sys.exit(0)
+
+
+@tool("cancelled")
+def cancelled(step_input, ctx):
+    # What a tool that runs async code gets when that code is cancelled.
+    async def call():
+        raise asyncio.CancelledError
+
+    return asyncio.run(call())
 """
 
 
@@ -290,6 +300,20 @@ def test_sys_exit_in_a_tool_is_a_step_error_not_the_exit_code(tools_lab: Lab) ->
     ran = lab.cli("run", "t")
     assert ran.returncode == 2, ran.stderr
     assert [e["data"]["error"] for e in _events(lab, "t", "step_error")] == ["SystemExit: 0"] * 2
+    assert lab.cli("status", "t").json()["status"] == "failed"
+    assert lab.cli("verify", "t").returncode == 0
+
+
+def test_asyncios_cancel_in_a_tool_is_a_step_error_not_a_traceback(tools_lab: Lab) -> None:
+    """A tool whose async code was cancelled raised CancelledError out of run: a
+    traceback, exit 1, the step left running for the next run to recover."""
+    lab = tools_lab
+    steps = [{"tool": "cancelled", "input": {}}]
+    assert lab.cli("create", "t", _plan(lab, "t", steps, max_attempts=2)).returncode == 0
+    ran = lab.cli("run", "t")
+    assert ran.returncode == 2, ran.stderr
+    assert "Traceback" not in ran.stderr
+    assert [e["data"]["error"] for e in _events(lab, "t", "step_error")] == ["CancelledError: "] * 2
     assert lab.cli("status", "t").json()["status"] == "failed"
     assert lab.cli("verify", "t").returncode == 0
 

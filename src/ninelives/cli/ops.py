@@ -19,6 +19,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     from ..version import __version__
 
     check_task_id(args.task_id)
+    if args.output == "":  # a script's `-o "$OUT"` with OUT unset
+        from ..errors import InputError
+
+        raise InputError("-o is empty: name the file to write, or - for stdout")
     from ..store import journal
 
     with open_reader(args) as store:

@@ -21,7 +21,15 @@ from ..errors import CommitUnknown, PlanError, TaskCancelled, TaskFailed
 from ..humanize import duration
 from ..journal import dumps, encode_output
 from ..models import AGENT_TOOL, APPROVAL_TOOL, Run, Step, StepProgress, StepStatus, Task
-from ..policy import USER_ERRORS, Limits, StepTimeout, describe, limits_for, retry_delay
+from ..policy import (
+    USER_ERRORS,
+    Limits,
+    StepTimeout,
+    describe,
+    is_cancel,
+    limits_for,
+    retry_delay,
+)
 from ..settings import Settings
 from ..store import StepNotDue, Store
 
@@ -232,6 +240,12 @@ class StepRunner:
         except CommitUnknown:
             raise  # storage failed under the effect: stop, never retry
         except USER_ERRORS as exc:
+            return self.record_error(run, step, attempt, exc, limits)
+        except BaseException as exc:
+            # asyncio's CancelledError out of a tool: its own async code was
+            # cancelled and it ended, as with any error of its own.
+            if not is_cancel(exc):
+                raise  # KeyboardInterrupt, a library's own: they end the run
             return self.record_error(run, step, attempt, exc, limits)
         finally:
             if context.progress is not None:
