@@ -61,6 +61,30 @@ def test_a_fifo_at_the_artifact_name_fails_the_step_instead_of_hanging(lab: Lab)
     assert lab.artifacts() == {"t-2.md": "special file prw-r--r--"}  # no temp file left
 
 
+@pytest.mark.parametrize("kind", ["file", "fifo", "dangling link", "device"])
+def test_an_artifacts_folder_that_is_not_a_folder_is_named_in_the_step_error(
+    lab: Lab, kind: str
+) -> None:
+    # The step error was the bare "FileExistsError: [Errno 17] File exists: 'artifacts'".
+    created(lab)
+    folder = lab.root / "artifacts"
+    if kind == "file":
+        folder.write_text("")
+    elif kind == "fifo":
+        os.mkfifo(folder)
+    elif kind == "dangling link":
+        folder.symlink_to(lab.root / "gone")
+    else:
+        folder.symlink_to(os.devnull)
+    result = lab.cli("run", "t", timeout=HANG, AGENT_MAX_ATTEMPTS="1")
+    assert_one_line_failure(result)
+    assert len(errors(lab)) == 1
+    assert "is not a folder" in errors(lab)[0], errors(lab)
+    assert "is not a folder" in result.stderr
+    if kind == "device":
+        assert Path(os.devnull).is_char_device()
+
+
 def test_fetch_of_a_fifo_fails_the_step_instead_of_hanging(lab: Lab) -> None:
     created(lab)
     notes = lab.root / "input" / "notes.txt"

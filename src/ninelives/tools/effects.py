@@ -14,6 +14,7 @@ runner at once; the next run recovers the step.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from collections.abc import Callable
@@ -91,6 +92,12 @@ def publish_once(
                 f"publishing {name} in {folder} failed ({exc.strerror}), stopping: "
                 "the next run recovers"
             ) from exc
+        if exc.errno in (errno.EEXIST, errno.ENOTDIR) and not os.path.isdir(folder):
+            # makedirs' own error names neither the folder's role nor the fix.
+            raise ToolError(
+                f"cannot publish {name}: {folder} is not a folder (a file, FIFO, device "
+                "or dangling link is there or in its path): nothing was published; move it away"
+            ) from None
         raise
 
 
