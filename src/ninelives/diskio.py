@@ -99,13 +99,14 @@ def unusable_folder(folder: str) -> str | None:
     result must then be written there, so that it fails before, not after."""
     if os.path.islink(folder):
         return "is a symlink"
-    existing = os.path.abspath(folder)
+    existing = target = os.path.abspath(folder)
     while not os.path.lexists(existing) and os.path.dirname(existing) != existing:
         existing = os.path.dirname(existing)
+    made = "" if existing == target else f"cannot be made: {existing} "
     if not os.path.isdir(existing):
-        return "is not a folder" if existing == folder else f"cannot be made: {existing} is a file"
+        return f"{made}is not a folder"
     if not os.access(existing, os.W_OK | os.X_OK):
-        return "is not writable" if existing == folder else f"cannot be made in {existing}"
+        return f"{made}is not writable"
     return None
 
 

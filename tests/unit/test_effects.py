@@ -141,3 +141,23 @@ def test_publish_then_orphans_of_a_published_task_are_none(tmp_path: Path) -> No
 )
 def test_stub_summary_is_the_first_three_non_empty_stripped_lines(text: str, summary: str) -> None:
     assert stub_summary(text) == summary
+
+
+def test_unusable_folder_says_why_for_absolute_and_relative_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ninelives.diskio import unusable_folder
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file").write_text("")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    (tmp_path / "ok").mkdir()
+    for base in ("", f"{tmp_path}/"):
+        assert unusable_folder(f"{base}file") == "is not a folder"
+        assert unusable_folder(f"{base}fifo") == "is not a folder"
+        assert unusable_folder(f"{base}link") == "is a symlink"
+        assert unusable_folder(f"{base}ok") is None
+        assert unusable_folder(f"{base}ok/new/deeper") is None  # made by the first write
+        made_in = unusable_folder(f"{base}file/sub")
+        assert made_in == f"cannot be made: {tmp_path}/file is not a folder"
