@@ -2,7 +2,7 @@
 #   make demo       create, kill, resume and show a task on the embedded SQLite default
 #   make test       lint, type-check, the docs site (mkdocs build --strict), the whole
 #                   suite (starts its own PostgreSQL), the reliability slice, then the
-#                   demo from a fresh copy and from a built wheel: 45 to 60 minutes on
+#                   demo from a fresh copy and from a built wheel: 55 to 70 minutes on
 #                   2 cores; this is what CI runs
 #   make test-fast  lint and the quick tests only (no PostgreSQL, nothing marked slow):
 #                   about 3 minutes of CPU, without the benchmark peers installed
@@ -72,7 +72,7 @@ bytecode: $(VENV)/.core
 	@$(BIN)/python -m compileall -q src tests examples
 
 test: $(VENV)/.installed lint docs system-deps bytecode
-	@echo "==> the whole suite: real processes killed with SIGKILL, a throwaway PostgreSQL (50 to 75 minutes on 2 cores)"
+	@echo "==> the whole suite: real processes killed with SIGKILL, a throwaway PostgreSQL (about an hour on 2 cores)"
 	NINELIVES_FORBID_SKIPS=1 $(BIN)/pytest --durations=25
 	@echo "==> the reliability slice: random kills, power cuts, I/O faults, simulation seeds (about 1 minute)"
 	$(BIN)/python bench/reliability.py --quick
