@@ -302,6 +302,20 @@ def test_a_bad_threshold_is_bad_input_and_changes_nothing(lab: Lab) -> None:
     assert lab.cli("run", TASK, NINELIVES_BLOB_THRESHOLD="65536").returncode == 0  # control
 
 
+def _refused_before_the_claim(lab: Lab, words: str) -> None:
+    """Seven runs with blobs on, each refused in one line (exit 5) naming ``words``,
+    the task left as it was. Refused before the claim, as a missing tool is: no
+    attempt, no recovery, no event, so refusals past NINELIVES_MAX_RECOVERIES never
+    fail the task, and no step's effect runs for an output that could not be kept."""
+    before = lab.fingerprint(TASK)
+    for _ in range(7):
+        result = lab.cli("run", TASK, NINELIVES_BLOB_THRESHOLD="0")
+        assert result.returncode == 5, result
+        assert words in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+    assert lab.fingerprint(TASK) == before
+
+
 def test_a_blob_folder_that_is_a_symlink_is_refused(sqlite_lab: Lab, tmp_path: Path) -> None:
     lab = sqlite_lab
     lab.guide_setup()
@@ -310,16 +324,7 @@ def test_a_blob_folder_that_is_a_symlink_is_refused(sqlite_lab: Lab, tmp_path: P
     elsewhere.mkdir()
     assert lab.sqlite_path is not None
     Path(str(lab.sqlite_path) + ".blobs").symlink_to(elsewhere)
-    before = lab.fingerprint(TASK)
-    # Refused before the claim, as a missing tool is: no attempt, no recovery, no
-    # event, so refusals past NINELIVES_MAX_RECOVERIES never fail the task, and no
-    # step's effect runs for an output that could not be kept.
-    for _ in range(7):
-        result = lab.cli("run", TASK, NINELIVES_BLOB_THRESHOLD="0")
-        assert result.returncode == 5, result
-        assert "is a symlink" in result.stderr
-        assert len(result.stderr.strip().splitlines()) == 1
-    assert lab.fingerprint(TASK) == before
+    _refused_before_the_claim(lab, "is a symlink")
     assert list(elsewhere.iterdir()) == []  # nothing written through the link
     Path(str(lab.sqlite_path) + ".blobs").unlink()
     assert lab.cli("run", TASK, NINELIVES_BLOB_THRESHOLD="0").returncode == 0  # control
@@ -342,13 +347,7 @@ def test_a_blob_folder_no_blob_can_be_written_in_is_refused_before_the_claim(
         os.mkfifo(folder)
     else:
         folder.mkdir(mode=0o500)
-    before = lab.fingerprint(TASK)
-    for _ in range(7):  # past NINELIVES_MAX_RECOVERIES: no refusal counts as one
-        result = lab.cli("run", TASK, NINELIVES_BLOB_THRESHOLD="0")
-        assert result.returncode == 5, result
-        assert "refusing to store there" in result.stderr, result.stderr
-        assert len(result.stderr.strip().splitlines()) == 1
-    assert lab.fingerprint(TASK) == before
+    _refused_before_the_claim(lab, "refusing to store there")
     assert not (lab.root / "artifacts").exists()  # the effect never ran
     if kind == "read-only folder":
         folder.chmod(0o700)

@@ -14,7 +14,7 @@ import pytest
 import ninelives
 from ninelives.errors import InputError
 from ninelives.lineage import check_plan
-from ninelives.testing import Lab
+from ninelives.testing import Lab, Result
 
 pytestmark = pytest.mark.crash
 
@@ -233,6 +233,16 @@ def _one_error_line(stderr: str) -> str:
     return errors[0]
 
 
+def _stopped(lab: Lab, *create: str) -> tuple[Result, dict[str, Any]]:
+    """Create task ``t`` with ``create``'s arguments and run it: exit 12, the
+    workflow's code cannot carry it on. The run's result and the task's status."""
+    made = lab.cli("create", "t", *create)
+    assert made.returncode == 0, made.stderr
+    refused = lab.cli("run", "t")
+    assert refused.returncode == 12, refused.stderr
+    return refused, lab.cli("status", "t", "--json").json()
+
+
 def test_a_step_value_with_a_key_json_would_turn_into_text_is_a_step_error(
     flow_lab: Lab,
 ) -> None:
@@ -445,12 +455,9 @@ def test_a_step_cancelled_while_it_runs_stops_the_run(flow_lab: Lab, flow: str) 
     as after a kill. The run went on (the next step, then ``task_done``) with
     the step left ``running`` in a done task, which verify reported."""
     lab = flow_lab
-    assert lab.cli("create", "t", "--workflow", flow).returncode == 0
-    refused = lab.cli("run", "t")
-    assert refused.returncode == 12, refused.stderr
+    refused, status = _stopped(lab, "--workflow", flow)
     assert "was cancelled while it ran" in _one_error_line(refused.stderr)
     assert _calls(lab) == ["slow"]
-    status = lab.cli("status", "t", "--json").json()
     assert status["status"] == "running"
     assert [(s["tool"], s["status"]) for s in status["steps"]] == [("slow", "running")]
     checked = lab.cli("verify", "t")
@@ -463,25 +470,18 @@ def test_a_step_raising_asyncios_cancel_stops_the_run_in_one_line(flow_lab: Lab,
     an async workflow's loop) it escaped the run as a traceback, exit 1 (the code
     of "unknown task"), the step left running and nothing said."""
     lab = flow_lab
-    assert lab.cli("create", "t", "--workflow", flow).returncode == 0
-    refused = lab.cli("run", "t")
-    assert refused.returncode == 12, refused.stderr
+    refused, status = _stopped(lab, "--workflow", flow)
     assert "was cancelled while it ran" in _one_error_line(refused.stderr)
     assert _calls(lab) == ["cancels"]
-    status = lab.cli("status", "t", "--json").json()
     assert [(s["tool"], s["status"]) for s in status["steps"]] == [("cancels", "running")]
     assert lab.cli("verify", "t").returncode == 0
 
 
 def test_asyncios_cancel_raised_between_steps_is_one_line(flow_lab: Lab) -> None:
-    lab = flow_lab
-    assert lab.cli("create", "t", "--workflow", "cancel_between").returncode == 0
-    refused = lab.cli("run", "t")
-    assert refused.returncode == 12, refused.stderr
+    refused, status = _stopped(flow_lab, "--workflow", "cancel_between")
     assert "raised outside a step, after 1 step call(s): CancelledError" in _one_error_line(
         refused.stderr
     )
-    status = lab.cli("status", "t", "--json").json()
     assert [(s["tool"], s["status"]) for s in status["steps"]] == [("first", "done")]
     assert status["status"] == "running"
 
@@ -496,16 +496,11 @@ def test_an_async_step_in_a_sync_workflow_is_refused_before_it_starts(
     (exit 2). It is the code's error: exit 12 before the step starts, the task
     left for fixed code."""
     lab = flow_lab
-    made = lab.cli(
-        "create", "t", "--workflow", "sync_calls_async", "--args", f"[{str(declared).lower()}]"
-    )
-    assert made.returncode == 0, made.stderr
-    refused = lab.cli("run", "t")
-    assert refused.returncode == 12, refused.stderr
+    args = f"[{str(declared).lower()}]"
+    refused, status = _stopped(lab, "--workflow", "sync_calls_async", "--args", args)
     assert "is an async def" in _one_error_line(refused.stderr)
     assert "RuntimeWarning" not in refused.stderr
     assert _calls(lab) == ["first"]
-    status = lab.cli("status", "t", "--json").json()
     assert status["status"] == "running"
     assert [(s["tool"], s["status"]) for s in status["steps"]] == [("first", "done")]
     assert lab.cli("verify", "t").returncode == 0
