@@ -97,6 +97,8 @@ class WorkflowContext(ChatCalls):
         self.dead: BaseException | None = None
         #: The step whose attempts run now (async code could start another meanwhile).
         self.running: Step | None = None
+        #: The largest output replay-check (no runner, no settings) lets a result be.
+        self.max_output = 64 * 1024 * 1024
         #: Progress the attempts of this run committed, by step: the step records
         #: held here were read before them, and the next attempt resumes from it.
         self._progress: dict[int, Any] = {}
@@ -442,16 +444,18 @@ class WorkflowContext(ChatCalls):
             raise self.dead
         if self._next < len(self._steps):
             self._diverge(self._next, self._steps[self._next].tool, None)
-        if self._rt is None or self._run is None:
-            return
+        # Checked by replay-check too: a run of this code would be refused for it.
+        limit = self._rt.settings.max_output if self._rt is not None else self.max_output
         try:
-            encode_value(result, self._rt.settings.max_output)
+            encode_value(result, limit)
             encoded = dumps(result)
         except Exception as exc:
             raise WorkflowError(
                 f"task {self.task_id!r}: the workflow's return value cannot be stored: {exc}; "
                 "nothing was written (return JSON: dicts, lists, strings, numbers)"
             ) from None
+        if self._rt is None or self._run is None:
+            return
         crashpoints.crash("before_task_done")
         self._rt.store.finish_task(self._run, result=encoded)
 

@@ -20,6 +20,11 @@ SHORT = FLOWS.replace(
     '    summary = ctx.step("summarize", first_line, t["text"])\n',
     '    return {"short": t["text"]}\n    summary = ctx.step("summarize", first_line, t["text"])\n',
 )
+#: The same module reading a key step 0 never returned, and a workflow returning a set.
+KEYED = FLOWS.replace('first_line, t["text"])', 'first_line, t["body"])') + (
+    '\n\n@ninelives.workflow("setful")\ndef setful(ctx, ticket):\n'
+    '    return {ctx.step("read", read_ticket, ticket)["text"]}\n'
+)
 
 
 @pytest.fixture
@@ -27,6 +32,7 @@ def flow_lab(lab: Lab) -> Lab:
     lab.write("wflows.py", FLOWS)
     lab.write("renamed.py", RENAMED)
     lab.write("short.py", SHORT)
+    lab.write("keyed.py", KEYED)
     return lab
 
 
@@ -119,6 +125,36 @@ def test_replay_check_all_reports_a_task_it_cannot_replay_and_checks_the_rest(
     assert lab.fingerprint("a", "b") == before
     # One task named: its own error and exit code, as before.
     assert lab.cli("--tools", "renamed", "replay-check", "a").returncode == 4
+
+
+def test_replay_check_reports_code_that_fails_while_it_replays_the_journal(
+    flow_lab: Lab,
+) -> None:
+    """Code that raises on the journal's own values (a key its step never returned),
+    or returns a value that cannot be stored, makes every run exit 12 having run no
+    step; replay-check, which runs the same code on the same values, said the task
+    replays on this code (exit 0), so the deploy check passed such code."""
+    lab = flow_lab
+    _halfway(lab, "t")
+    made = lab.cli("--tools", "keyed", "create", "s", "--workflow", "setful", "--args", '["T"]')
+    assert made.returncode == 0, made.stderr
+    assert lab.cli("--tools", "keyed", "run", "s").returncode == 12
+    assert lab.cli("--tools", "keyed", "run", "t").returncode == 12
+    before = lab.fingerprint("s", "t")
+    checked = lab.cli("--tools", "keyed", "replay-check", "--all")
+    assert checked.returncode == 7, checked.stderr
+    s_line, t_line = sorted(checked.stdout.splitlines())
+    assert s_line.startswith("s: cannot be replayed here: ")
+    assert "return value cannot be stored" in s_line
+    assert t_line.startswith("t: cannot be replayed here: ")
+    assert "raised outside a step, after 1 step call(s): KeyError: 'body'" in t_line
+    assert "2 of 2 workflow task(s) diverge or cannot be replayed here" in checked.stderr
+    one = lab.cli("--tools", "keyed", "replay-check", "t")
+    assert one.returncode == 7, one.stderr
+    assert one.stdout.startswith("t: cannot be replayed here: ")
+    assert lab.fingerprint("s", "t") == before  # replay-check writes nothing
+    assert lab.cli("--tools", "wflows", "replay-check", "t").returncode == 0
+    assert lab.cli("--tools", "wflows", "run", "t").returncode == 0
 
 
 def test_negative_control_without_the_name_check_diverged_code_runs(flow_lab: Lab) -> None:

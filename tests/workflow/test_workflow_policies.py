@@ -362,6 +362,8 @@ def test_sys_exit_between_steps_stops_with_one_line_and_replay_check_goes_on(
     assert _error_lines(stopped.stderr) == 1
     assert "SystemExit" in stopped.stderr
     assert lab.cli("status", "t", "--json").json()["status"] != "done"
-    checked = lab.cli("replay-check", "--all")
-    assert checked.returncode == 0, checked.stderr
-    assert "1 workflow task(s) replay on this code" in checked.stdout
+    checked = lab.cli("replay-check", "--all")  # every run of this code stops so
+    assert checked.returncode == 7, checked.stderr
+    assert checked.stdout.startswith("t: cannot be replayed here: ")
+    assert "SystemExit" in checked.stdout
+    assert "1 of 1 workflow task(s) diverge or cannot be replayed here" in checked.stderr

@@ -8,7 +8,14 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..errors import DamagedTask, InputError, PlanError, StoreError, VerificationFailed
+from ..errors import (
+    DamagedTask,
+    InputError,
+    PlanError,
+    StoreError,
+    VerificationFailed,
+    WorkflowDiverged,
+)
 from .common import Command, open_reader, settings_of, stored_id
 from .output import flush, out, printable, say, scrub
 
@@ -117,7 +124,8 @@ def cmd_replay_check(args: argparse.Namespace) -> int:
 
     if (args.task_id is None) != args.all:
         raise InputError("give a TASK or --all, not both (see 'ninelives replay-check --help')")
-    default_registry(settings_of(args))  # imports the --tools modules: their workflows
+    settings = settings_of(args)
+    default_registry(settings)  # imports the --tools modules: their workflows
     finished = (TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.CANCELLED)
     found: list[str] = []
     checked = 0
@@ -134,7 +142,7 @@ def cmd_replay_check(args: argparse.Namespace) -> int:
                 if args.all and task.status in finished:
                     continue
                 checked += 1
-                diverged = replay_check(task)
+                diverged = replay_check(task, settings.max_output)
             except (DamagedTask, PlanError) as exc:
                 if not args.all:
                     raise
@@ -143,7 +151,9 @@ def cmd_replay_check(args: argparse.Namespace) -> int:
                 checked += task is None  # else counted already
                 found.append(f"{task_id}: cannot be replayed here: {exc}")
                 continue
-            if diverged is not None:
+            if diverged is not None and not isinstance(diverged, WorkflowDiverged):
+                found.append(f"{task_id}: cannot be replayed here: {diverged}")
+            elif diverged is not None:
                 called = diverged.called if diverged.called is not None else "(returns)"
                 found.append(
                     f"{diverged.task_id}: step {diverged.step}: journal {diverged.stored!r}, "

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..durable import Workflow, lookup
-from ..errors import WorkflowDiverged, WorkflowError
+from ..errors import WorkflowError
 from ..models import Run, Task
 from ..replay import Released, WorkflowContext, call, task_spec
 from .waits import PARKED, parked
@@ -48,20 +48,23 @@ def context_for(flow: Workflow) -> type[WorkflowContext]:
     return WorkflowContext
 
 
-def replay_check(task: Task) -> WorkflowDiverged | None:
+def replay_check(task: Task, max_output: int) -> WorkflowError | None:
     """Replay ``task``'s function on the code loaded here without running any
-    step (stored outputs answer): the divergence found, or None."""
+    step (stored outputs answer): the divergence found, or the error that ends
+    every run of this code (it raises on the journal's own values, or returns a
+    value ``max_output`` or JSON refuses), or None."""
     spec = task_spec(task)
     flow = lookup(spec.name)
     ctx = context_for(flow)(None, None, task)
+    ctx.max_output = max_output
     try:
         ctx.finish(call(flow, ctx, spec))
     except Released:
-        pass
-    except WorkflowDiverged as exc:
+        pass  # the first step not done: the code reached new work, as a run would
+    except WorkflowError as exc:
+        # Replay runs no step: the code met nothing but the journal's values,
+        # so a run of it would stop with this same error (exit 12).
         return exc
-    except WorkflowError:
-        pass  # the code fails past the journal: not a divergence of the journal
-    if isinstance(ctx.dead, WorkflowDiverged):
+    if isinstance(ctx.dead, WorkflowError):
         return ctx.dead
     return None
