@@ -109,7 +109,7 @@ class WorkflowContext(ChatCalls):
         """Run ``fn(*args, **kwargs)`` as the task's next durable step ``name``
         and return its value (from the journal when it is done already)."""
         with self.guard():
-            _refuse_async(self.task_id, self._next, name, fn)
+            refuse_unrunnable(self.task_id, self._next, name, fn, sync=True)
             step, attempt = self.enter_step(name, fn, args, kwargs)
             if attempt is None:
                 return value_of(step.output)
@@ -460,12 +460,20 @@ class WorkflowContext(ChatCalls):
         self._rt.store.finish_task(self._run, result=encoded)
 
 
-def _refuse_async(task_id: str, idx: int, name: str, fn: Any) -> None:
-    """:class:`WorkflowError` (exit 12, nothing written) for an ``async def`` step
-    called from a sync workflow, which cannot await it: each attempt would store
-    a coroutine that never ran as its error, until the task failed."""
+def refuse_unrunnable(task_id: str, idx: int, name: str, fn: Any, *, sync: bool) -> None:
+    """:class:`WorkflowError` (exit 12, nothing written) for a step that no attempt
+    can run, so retrying it would only fail the task: ``fn`` is not callable (a
+    name or None where the function goes), or is an ``async def`` called from a
+    sync workflow, which cannot await it (each attempt stored a coroutine that
+    never ran as its error)."""
     target = fn.fn if isinstance(fn, StepFunction) else fn
-    if getattr(getattr(target, "__code__", None), "co_flags", 0) & CO_COROUTINE:
+    if not callable(target):
+        raise WorkflowError(
+            f"task {task_id!r} step {idx} ({name!r}): its function, a "
+            f"{type(target).__name__!r} object, is not callable; nothing was written: "
+            "call ctx.step(name, fn, *args, **kwargs)"
+        )
+    if sync and getattr(getattr(target, "__code__", None), "co_flags", 0) & CO_COROUTINE:
         raise WorkflowError(
             f"task {task_id!r} step {idx} ({name!r}) is an async def, which a sync workflow "
             "cannot await; nothing was written: make the workflow an async def and await "

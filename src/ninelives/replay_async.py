@@ -19,7 +19,15 @@ from .durable import CURRENT
 from .errors import CommitUnknown
 from .models import Step
 from .policy import USER_ERRORS, StepTimeout
-from .replay import WorkflowContext, caller, encode_value, policy_of, step_limits, value_of
+from .replay import (
+    WorkflowContext,
+    caller,
+    encode_value,
+    policy_of,
+    refuse_unrunnable,
+    step_limits,
+    value_of,
+)
 from .replay_chat import AsyncChatCalls
 
 
@@ -31,6 +39,7 @@ class AsyncWorkflowContext(AsyncChatCalls, WorkflowContext):
         """Run ``fn(*args, **kwargs)`` (awaited when it is a coroutine function) as
         the task's next durable step ``name``; its value."""
         with self.guard():
+            refuse_unrunnable(self.task_id, self._next, name, fn, sync=False)
             step, attempt = self.enter_step(name, fn, args, kwargs)
             if attempt is None:
                 return value_of(step.output)

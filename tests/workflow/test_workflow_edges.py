@@ -201,6 +201,18 @@ def pay_all(ctx):
 
 
 @ninelives.workflow
+def uncallable(ctx):
+    ctx.step("first", log, "first")
+    return ctx.step("second", "log", "second")
+
+
+@ninelives.workflow
+async def auncallable(ctx):
+    await ctx.step("first", log, "first")
+    return await ctx.step("second", None)
+
+
+@ninelives.workflow
 def odd_name(ctx, kind):
     ctx.step("first", log, "first")
     return ctx.step({"nul": "a\\x00b", "surrogate": "a\\udcffb"}[kind], log, "second")
@@ -501,6 +513,20 @@ def test_an_async_step_in_a_sync_workflow_is_refused_before_it_starts(
     assert "is an async def" in _one_error_line(refused.stderr)
     assert "RuntimeWarning" not in refused.stderr
     assert _calls(lab) == ["first"]
+    assert status["status"] == "running"
+    assert [(s["tool"], s["status"]) for s in status["steps"]] == [("first", "done")]
+    assert lab.cli("verify", "t").returncode == 0
+
+
+@pytest.mark.parametrize("flow", ["uncallable", "auncallable"])
+def test_a_step_given_no_function_is_refused_before_it_starts(flow_lab: Lab, flow: str) -> None:
+    """``ctx.step("second", "log")`` (a name where the function goes) fails every
+    attempt alike: it was committed running, retried with its backoff and failed
+    the task (exit 2, "'str' object is not callable"). It is the code's error:
+    exit 12 before the step starts, the task left for fixed code."""
+    lab = flow_lab
+    refused, status = _stopped(lab, "--workflow", flow)
+    assert "is not callable" in _one_error_line(refused.stderr)
     assert status["status"] == "running"
     assert [(s["tool"], s["status"]) for s in status["steps"]] == [("first", "done")]
     assert lab.cli("verify", "t").returncode == 0
