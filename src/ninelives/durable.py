@@ -184,6 +184,10 @@ def step(name: str | Callable[..., Any] | None = None, **policy: Any) -> Any:
     probe = policy.pop("probe", None)
     if probe is not None and not callable(probe):
         raise PlanError("step policy 'probe' must be a callable")
+    if getattr(getattr(probe, "__code__", None), "co_flags", 0) & CO_COROUTINE:
+        # Asked outside the event loop (at a claim, before the step runs again):
+        # its coroutine would never run, and would be taken for its answer.
+        raise PlanError("step policy 'probe' must be a plain def, not an async def")
     check_policy(policy, "step policy", only=True)
     if probe is None and policy.get("on_unknown") == "probe":
         raise PlanError("step policy on_unknown='probe' needs probe=callable")

@@ -321,6 +321,12 @@ class WorkflowContext(ChatCalls):
         else:
             try:
                 found = probe(self._tool_context(step, step.attempts))
+                if hasattr(found, "__await__"):
+                    _discard(found)
+                    raise TypeError(
+                        "the probe returned an awaitable, which is never awaited: "
+                        "make it a plain def that returns the output or None"
+                    )
                 if found is not None:
                     output = encode_output({"value": found}, rt.settings.max_output)
             except (Exception, SystemExit) as exc:  # the probe could not tell (see USER_ERRORS)
@@ -479,6 +485,13 @@ def refuse_unrunnable(task_id: str, idx: int, name: str, fn: Any, *, sync: bool)
             "cannot await; nothing was written: make the workflow an async def and await "
             "the step, or the step a plain def"
         )
+
+
+def _discard(awaitable: Any) -> None:
+    """Close a coroutine nobody will await: Python would warn on stderr about it."""
+    close = getattr(awaitable, "close", None)
+    if callable(close):
+        close()
 
 
 def _seconds(value: Any) -> float:

@@ -367,3 +367,60 @@ def test_sys_exit_between_steps_stops_with_one_line_and_replay_check_goes_on(
     assert checked.stdout.startswith("t: cannot be replayed here: ")
     assert "SystemExit" in checked.stdout
     assert "1 of 1 workflow task(s) diverge or cannot be replayed here" in checked.stderr
+
+
+ASYNC_PROBES = """
+import asyncio
+
+import ninelives
+
+
+async def aprobe(ctx):
+    await asyncio.sleep(0)
+    return {"asked": ctx.idem_key}
+
+
+def post(text):
+    with open("calls.log", "a") as f:
+        f.write("post\\n")
+    return {"posted": text}
+
+
+DECLARED = "DECLARED"
+if DECLARED == "async":
+    posted = ninelives.step(name="post", on_unknown="probe", probe=aprobe)(post)
+else:  # a plain callable that hands back the coroutine, unawaited
+    posted = ninelives.step(name="post", on_unknown="probe", probe=lambda ctx: aprobe(ctx))(post)
+
+
+@ninelives.workflow
+async def probed(ctx):
+    return await posted("hi")
+"""
+
+
+def test_an_async_probe_is_refused_where_it_is_declared(lab: Lab) -> None:
+    """A workflow step's probe is asked outside the event loop, so an ``async def``
+    probe never ran: after a kill its coroutine was stored as its answer, the step
+    blocked ("Object of type coroutine is not JSON serializable") and Python's
+    "never awaited" warnings reached stderr. The module defining one is refused."""
+    lab.write("aprobes.py", ASYNC_PROBES.replace('"DECLARED"', '"async"'))
+    refused = lab.cli("--tools", "aprobes", "create", "t", "--workflow", "probed")
+    assert refused.returncode == 4, refused.stderr
+    assert _error_lines(refused.stderr) == 1
+    assert "must be a plain def, not an async def" in refused.stderr
+    assert lab.cli("status", "t").returncode == 1  # nothing stored
+
+
+def test_a_probe_that_returns_a_coroutine_blocks_the_step_in_one_line(lab: Lab) -> None:
+    lab.write("aprobes.py", ASYNC_PROBES.replace('"DECLARED"', '"lambda"'))
+    lab.base_env["NINELIVES_TOOLS"] = "aprobes"
+    assert lab.cli("create", "t", "--workflow", "probed").returncode == 0
+    assert lab.cli("run", "t", AGENT_CRASH_AT="after_effect:0").returncode == -9
+    blocked = lab.cli("run", "t")
+    assert blocked.returncode == 8, blocked.stderr
+    assert "RuntimeWarning" not in blocked.stderr
+    assert _error_lines(blocked.stderr) == 1
+    assert "the probe returned an awaitable" in blocked.stderr
+    assert lab.cli("status", "t", "--json").json()["status"] == "blocked"
+    assert lab.cli("verify", "t").returncode == 0
