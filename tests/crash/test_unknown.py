@@ -226,6 +226,47 @@ def test_a_plan_asking_probe_of_a_tool_without_one_is_refused(lab: Lab) -> None:
     assert lab.cli("status", TASK).returncode == 1  # nothing stored
 
 
+ASYNC_PROBE = """
+from ninelives import tool
+
+
+async def aprobe(ctx):
+    return {"charged": ctx.idem_key}
+
+
+@tool("charge", on_unknown="probe", probe=PROBE)
+def charge(input, ctx):
+    with open("effects.log", "a") as log:
+        log.write("charged\\n")
+    return {"charged": True}
+"""
+
+
+@pytest.mark.parametrize("probe", ["aprobe", "lambda ctx: aprobe(ctx)"])
+def test_a_probe_that_is_async_never_passes_for_an_answer(lab: Lab, probe: str) -> None:
+    """A probe is asked outside any event loop: an ``async def`` one never ran, its
+    coroutine was taken for its answer (the step blocked for "the tool returned
+    coroutine") and Python's "never awaited" warning reached stderr. Declared so it
+    is refused with its module (exit 4); one that hands back an awaitable cannot tell."""
+    lab.write("aprobe_tools.py", ASYNC_PROBE.replace("PROBE", probe))
+    lab.base_env["NINELIVES_TOOLS"] = "aprobe_tools"
+    lab.write_plan({"goal": "pay once", "steps": [{"tool": "charge", "input": {}}]})
+    created = lab.cli("create", TASK, "plan.json")
+    if probe == "aprobe":
+        assert created.returncode == 4, created.stderr
+        assert "async def" in created.stderr
+        assert lab.cli("status", TASK).returncode == 1  # nothing stored
+        return
+    assert created.returncode == 0, created.stderr
+    _killed_at(lab, "after_effect")
+    blocked = lab.cli("run", TASK)
+    assert blocked.returncode == 8, blocked.stderr
+    assert "RuntimeWarning" not in blocked.stderr
+    assert "the probe returned an awaitable" in blocked.stderr
+    assert effects(lab) == 1
+    assert _verified(lab)["status"] == "blocked"
+
+
 def test_a_worker_parks_a_refused_step_and_goes_on(lab: Lab) -> None:
     """A worker that finds a step of unknown outcome with ``refuse`` parks the task,
     logs it and goes on (``--drain`` ends: nothing left it may run); once resolved,

@@ -90,8 +90,18 @@ class Tool:
         """Call :attr:`probe` (which must be set) in whichever form it takes."""
         assert self.probe is not None
         if _argcount(self.probe) == 2:
-            return self.probe(input, context)
-        return self.probe(context)
+            answer = self.probe(input, context)
+        else:
+            answer = self.probe(context)
+        if hasattr(answer, "__await__"):
+            close = getattr(answer, "close", None)
+            if callable(close):
+                close()  # nobody awaits it: Python would warn on stderr
+            raise TypeError(
+                "the probe returned an awaitable, which is never awaited: "
+                "make it a plain def that returns the output or None"
+            )
+        return answer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,6 +168,10 @@ def check_on_unknown(name: str, on_unknown: str, probe: object) -> None:
         )
     if on_unknown == "probe" and probe is None:
         raise PlanError(f"tool {name!r}: on_unknown 'probe' needs a probe")
+    if getattr(getattr(probe, "__code__", None), "co_flags", 0) & 0x80:  # CO_COROUTINE
+        # Asked outside any event loop: its coroutine would never run, and
+        # would be taken for its answer.
+        raise PlanError(f"tool {name!r}: its probe must be a plain def, not an async def")
 
 
 class Registry:
