@@ -74,6 +74,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "ninelives.replay",
             "ninelives.replay_async",
             "ninelives.replay_chat",
+            "ninelives.replay_checks",
             "ninelives.worker",
             "ninelives.housekeeping",
             "ninelives.verify",

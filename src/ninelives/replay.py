@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import crashpoints
 from .blobs import RAW_KEY, escape, needs_escape
-from .durable import ACTIVE, CO_COROUTINE, CURRENT, StepFunction, Workflow, WorkflowSpec, spec_of
+from .durable import ACTIVE, CURRENT, StepFunction, Workflow, WorkflowSpec, spec_of
 from .errors import (
     CommitUnknown,
     NineLivesError,
@@ -45,6 +45,13 @@ from .journal import dumps, encode_output, error_text
 from .models import AGENT_TOOL, APPROVAL_TOOL, Run, Step, StepStatus, Task
 from .policy import USER_ERRORS, Limits, StepTimeout, is_cancel, limits_for
 from .replay_chat import ChatCalls
+from .replay_checks import (
+    discard,
+    refuse_unrunnable,
+    sleep_seconds,
+    step_input,
+    storable_text,
+)
 
 if TYPE_CHECKING:
     from .runtime.steps import StepRunner
@@ -136,6 +143,11 @@ class WorkflowContext(ChatCalls):
         with self.guard():
             if not isinstance(prompt, str):
                 raise PlanError("ctx.approval's prompt must be a string")
+            if not storable_text(prompt.replace("\x00", "")):  # a NUL is stored escaped
+                raise PlanError(
+                    "ctx.approval's prompt cannot be stored: a lone surrogate is not "
+                    "valid Unicode text"
+                )
             if on_reject not in ("fail", "answer"):
                 raise PlanError("ctx.approval's on_reject must be 'fail' or 'answer'")
             given: dict[str, Any] = {"prompt": prompt}
@@ -155,7 +167,7 @@ class WorkflowContext(ChatCalls):
         passed since the first run reached this call (a kill does not shorten it;
         a worker's slot does not wait it out: the task is released until due)."""
         with self.guard():
-            wait = _seconds(seconds)
+            wait = sleep_seconds(seconds)
             step, attempt = self.enter_step("ctx.sleep", None, (wait,), {}, delay=wait)
             if attempt is not None:
                 self._attempts(step, attempt, lambda: wait, {})
@@ -217,7 +229,7 @@ class WorkflowContext(ChatCalls):
         self._check_alive()
         if not isinstance(name, str) or name in RESERVED:
             raise PlanError(f"a workflow step cannot be named {name!r}")
-        if not _storable_text(name):  # as a plan's: SQLite would keep it, PostgreSQL not
+        if not storable_text(name):  # as a plan's: SQLite would keep it, PostgreSQL not
             raise PlanError(
                 f"a workflow step cannot be named {name!r}: a NUL or a lone surrogate "
                 "cannot be stored as text"
@@ -270,7 +282,7 @@ class WorkflowContext(ChatCalls):
     ) -> tuple[Step, int]:
         assert self._rt is not None
         assert self._run is not None
-        given, stored_input = _input(args, kwargs) if given is None else (given, dumps(given))
+        given, stored_input = step_input(args, kwargs) if given is None else (given, dumps(given))
         policy = {"on_unknown": "rerun", **policy_of(fn)}
         if self._stop is not None and self._stop():
             self._release()
@@ -322,7 +334,7 @@ class WorkflowContext(ChatCalls):
             try:
                 found = probe(self._tool_context(step, step.attempts))
                 if hasattr(found, "__await__"):
-                    _discard(found)
+                    discard(found)
                     raise TypeError(
                         "the probe returned an awaitable, which is never awaited: "
                         "make it a plain def that returns the output or None"
@@ -466,43 +478,6 @@ class WorkflowContext(ChatCalls):
         self._rt.store.finish_task(self._run, result=encoded)
 
 
-def refuse_unrunnable(task_id: str, idx: int, name: str, fn: Any, *, sync: bool) -> None:
-    """:class:`WorkflowError` (exit 12, nothing written) for a step that no attempt
-    can run, so retrying it would only fail the task: ``fn`` is not callable (a
-    name or None where the function goes), or is an ``async def`` called from a
-    sync workflow, which cannot await it (each attempt stored a coroutine that
-    never ran as its error)."""
-    target = fn.fn if isinstance(fn, StepFunction) else fn
-    if not callable(target):
-        raise WorkflowError(
-            f"task {task_id!r} step {idx} ({name!r}): its function, a "
-            f"{type(target).__name__!r} object, is not callable; nothing was written: "
-            "call ctx.step(name, fn, *args, **kwargs)"
-        )
-    if sync and getattr(getattr(target, "__code__", None), "co_flags", 0) & CO_COROUTINE:
-        raise WorkflowError(
-            f"task {task_id!r} step {idx} ({name!r}) is an async def, which a sync workflow "
-            "cannot await; nothing was written: make the workflow an async def and await "
-            "the step, or the step a plain def"
-        )
-
-
-def _discard(awaitable: Any) -> None:
-    """Close a coroutine nobody will await: Python would warn on stderr about it."""
-    close = getattr(awaitable, "close", None)
-    if callable(close):
-        close()
-
-
-def _seconds(value: Any) -> float:
-    """``ctx.sleep``'s seconds: a number from 0 to a year, else :class:`PlanError`."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise PlanError(f"ctx.sleep needs a number of seconds, got {value!r}")
-    if not 0 <= value <= 31_536_000:  # also refuses NaN
-        raise PlanError(f"ctx.sleep needs 0 to 31536000 seconds, got {value!r}")
-    return float(value)
-
-
 def _unsafe(name: str, url: str) -> bool:
     """TEST-ONLY switches of the negative controls, thrown as the store's
     (:func:`ninelives.store.fencing_disabled`): ``name`` must hold exactly
@@ -516,16 +491,6 @@ def _unsafe(name: str, url: str) -> bool:
     if thrown:
         print(f"ninelives: WARNING: {name} is set: unsafe, for tests only", file=sys.stderr)
     return thrown
-
-
-def _storable_text(text: str) -> bool:
-    if "\x00" in text:
-        return False
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def encode_value(value: Any, max_output: int) -> str:
@@ -562,27 +527,6 @@ def caller(fn: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Callabl
     """A call of ``fn`` (the function a declared step wraps) with these arguments."""
     target = fn.fn if isinstance(fn, StepFunction) else fn
     return lambda: target(*args, **kwargs)
-
-
-def _input(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
-    """A step's stored input and its JSON text: its arguments, or ``{}`` when JSON
-    cannot hold them (any Python object may be passed to a step) or they are
-    larger than a whole plan may be. They are recorded for people to read
-    (status, the web view), never replayed: a step called in a loop with a large
-    value would otherwise store it again on every call."""
-    if not args and not kwargs:
-        return {}, "{}"
-    from .journal import storable
-    from .plan import MAX_PLAN_BYTES
-
-    given = {"args": list(args), "kwargs": dict(kwargs)}
-    try:
-        text = storable(given, "the step arguments")
-    except ValueError:
-        return {}, "{}"
-    if len(text) > MAX_PLAN_BYTES // 4 and len(text.encode("utf-8")) > MAX_PLAN_BYTES:
-        return {}, "{}"
-    return given, text
 
 
 def task_spec(task: Task) -> WorkflowSpec:

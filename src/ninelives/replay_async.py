@@ -24,11 +24,11 @@ from .replay import (
     caller,
     encode_value,
     policy_of,
-    refuse_unrunnable,
     step_limits,
     value_of,
 )
 from .replay_chat import AsyncChatCalls
+from .replay_checks import refuse_unrunnable
 
 
 class AsyncWorkflowContext(AsyncChatCalls, WorkflowContext):

@@ -139,3 +139,33 @@ def test_an_async_workflow_sleeps_and_waits_for_approval(flow_lab: Lab) -> None:
     result = lab.cli("status", "a", "--json").json()["result"]
     assert result["decision"] == {"approved": True}
     assert result["slept"] >= 0.2
+
+
+PROMPTS = """
+import ninelives
+
+
+@ninelives.workflow
+def asks(ctx):
+    ctx.step("first", str, "first")
+    return ctx.approval("review", prompt="pay \\udcff?")
+"""
+
+
+def test_an_approval_prompt_that_cannot_be_stored_is_refused_naming_it(lab: Lab) -> None:
+    """A prompt holding a lone surrogate (as undecodable bytes arrive) cannot be
+    stored as text: it was the driver's UnicodeEncodeError at the approval's
+    commit, reported as the workflow's own error "raised outside a step"."""
+    lab.write("prompts.py", PROMPTS)
+    lab.base_env["NINELIVES_TOOLS"] = "prompts"
+    assert lab.cli("create", "t", "--workflow", "asks").returncode == 0
+    refused = lab.cli("run", "t")
+    assert refused.returncode == 12, refused.stderr
+    lines = refused.stderr.splitlines()
+    errors = [line for line in lines if line.startswith("ninelives: error:")]
+    assert len(errors) == 1, refused.stderr
+    assert "ctx.approval's prompt cannot be stored" in errors[0]
+    assert "UnicodeEncodeError" not in errors[0]
+    status = lab.cli("status", "t", "--json").json()
+    assert [(s["tool"], s["status"]) for s in status["steps"]] == [("first", "done")]
+    assert status["status"] == "running"
