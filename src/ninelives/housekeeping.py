@@ -31,7 +31,7 @@ from typing import Any
 
 from .errors import InputError, StoreError
 from .locking import BLOBS_LOCK, TASK_LOCK_NAME, lock_path
-from .models import StepStatus, TaskStatus
+from .models import StepStatus, TaskStatus, is_workflow
 
 #: The statuses a task never leaves by itself: the only ones gc deletes.
 FINISHED = (TaskStatus.DONE.value, TaskStatus.FAILED.value, TaskStatus.CANCELLED.value)
@@ -332,11 +332,24 @@ def _running(store: Any, now: float) -> list[Finding]:
             why = f"the process holding its lease ({hold.lease_owner}) is gone"
         else:
             continue
-        found.append(
-            Finding("running", hold.id, f"running, but {why} (its process died)",
-                    f"ninelives run {hold.id}")
-        )  # fmt: skip
+        found.append(_stranded(store, hold.id, why))
     return found
+
+
+def _stranded(store: Any, task_id: str, why: str) -> Finding:
+    """The finding of a running task no process holds. A workflow's run also
+    leaves it so when its code no longer matches its journal (exit 12): ``run``
+    alone would only stop again, so replay-check comes first in its fix."""
+    fix = f"ninelives run {task_id}"
+    try:
+        workflow = is_workflow(store.get_task(task_id).goal)
+    except StoreError:  # damaged: reported for what it is elsewhere
+        workflow = False
+    if workflow:
+        return Finding("running", task_id,
+                       f"running, but {why} (its process died, or it stopped at exit 12)",
+                       f"ninelives replay-check {task_id}, then {fix}")  # fmt: skip
+    return Finding("running", task_id, f"running, but {why} (its process died)", fix)
 
 
 def _released_into_a_wait(store: Any, task_id: str, now: float) -> bool:

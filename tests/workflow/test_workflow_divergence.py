@@ -205,3 +205,23 @@ def test_a_workflow_that_catches_the_divergence_is_refused_all_the_same(lab: Lab
     refused = lab.cli("--tools", "catchers", "run", "t", NEW_CODE="1")
     assert refused.returncode == 12, refused.stderr
     assert lab.cli("status", "t", "--json", "--outputs").json() == before
+
+
+def test_doctor_sends_a_stopped_workflow_task_to_replay_check_first(flow_lab: Lab) -> None:
+    """A workflow task refused for diverged code (exit 12) stays ``running`` with
+    no process holding it: doctor reports it, but ``run`` alone only exits 12
+    again, so its fix names replay-check first. A plan task keeps the plain fix."""
+    lab = flow_lab
+    _halfway(lab, "t")
+    assert lab.cli("--tools", "renamed", "run", "t").returncode == 12
+    found = lab.cli("doctor")
+    assert found.returncode == 7, found.stderr
+    line = next(x for x in found.stdout.splitlines() if x.startswith("running: t:"))
+    assert "or it stopped at exit 12" in line, line
+    assert line.endswith("(fix: ninelives replay-check t, then ninelives run t)"), line
+    lab.write("in.txt", "hello\n")
+    plan = {"goal": "g", "steps": [{"tool": "fetch", "input": {"path": "in.txt"}}]}
+    assert lab.cli("create", "p", str(lab.write_plan(plan))).returncode == 0
+    assert lab.cli("run", "p", AGENT_CRASH_AT="after_effect:0").returncode == -9
+    plain = next(x for x in lab.cli("doctor").stdout.splitlines() if x.startswith("running: p:"))
+    assert plain.endswith("(its process died) (fix: ninelives run p)"), plain
