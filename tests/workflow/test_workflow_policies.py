@@ -352,7 +352,7 @@ def test_sys_exit_in_a_step_is_a_step_error_not_the_exit_code(flow_lab: Lab) -> 
     assert lab.cli("verify", "t").returncode == 0
 
 
-def test_sys_exit_between_steps_stops_with_one_line_and_replay_check_goes_on(
+def test_sys_exit_between_steps_stops_with_one_line_and_replay_check_reports_it(
     flow_lab: Lab,
 ) -> None:
     lab = flow_lab
