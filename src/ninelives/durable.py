@@ -79,6 +79,12 @@ def _check_text(text: str, what: str) -> None:
 CO_COROUTINE = 0x80
 
 
+def is_async_def(fn: object) -> bool:
+    """Whether ``fn`` is an ``async def`` function (its code has :data:`CO_COROUTINE`),
+    told without importing :mod:`inspect` or :mod:`asyncio`."""
+    return bool(getattr(getattr(fn, "__code__", None), "co_flags", 0) & CO_COROUTINE)
+
+
 class Workflow(NamedTuple):
     """A registered workflow: what :func:`workflow` returns. Give it to
     ``rt.create``/``rt.submit``; :meth:`call` calls the function itself (no durability)."""
@@ -115,8 +121,7 @@ def workflow(name: str | Callable[..., Any] | None = None, *, version: str | Non
 
     def register(fn: Callable[..., Any]) -> Workflow:
         found = _check_name(name if name is not None else fn.__name__, "workflow")
-        flags = getattr(getattr(fn, "__code__", None), "co_flags", 0)
-        made = Workflow(name=found, fn=fn, version=version, is_async=bool(flags & CO_COROUTINE))
+        made = Workflow(name=found, fn=fn, version=version, is_async=is_async_def(fn))
         _WORKFLOWS[found] = made
         return made
 
@@ -184,7 +189,7 @@ def step(name: str | Callable[..., Any] | None = None, **policy: Any) -> Any:
     probe = policy.pop("probe", None)
     if probe is not None and not callable(probe):
         raise PlanError("step policy 'probe' must be a callable")
-    if getattr(getattr(probe, "__code__", None), "co_flags", 0) & CO_COROUTINE:
+    if is_async_def(probe):
         # Asked outside the event loop (at a claim, before the step runs again):
         # its coroutine would never run, and would be taken for its answer.
         raise PlanError("step policy 'probe' must be a plain def, not an async def")

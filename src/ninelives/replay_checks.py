@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .durable import CO_COROUTINE, StepFunction
+from .durable import StepFunction, is_async_def
 from .errors import PlanError, WorkflowError
 
 
@@ -24,7 +24,7 @@ def refuse_unrunnable(task_id: str, idx: int, name: str, fn: Any, *, sync: bool)
             f"{type(target).__name__!r} object, is not callable; nothing was written: "
             "call ctx.step(name, fn, *args, **kwargs)"
         )
-    if sync and getattr(getattr(target, "__code__", None), "co_flags", 0) & CO_COROUTINE:
+    if sync and is_async_def(target):
         raise WorkflowError(
             f"task {task_id!r} step {idx} ({name!r}) is an async def, which a sync workflow "
             "cannot await; nothing was written: make the workflow an async def and await "

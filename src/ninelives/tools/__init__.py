@@ -16,6 +16,10 @@ point group (``name = "package.module:tool"``), are registered in code with
 decorator (or a ``register(registry)`` function in it) and loaded by naming the
 module in ``--tools`` / ``NINELIVES_TOOLS`` (:func:`load_tool_modules`), so that
 ``create``, ``run`` and ``worker`` processes all see them.
+
+A tool may be an ``async def``: each call runs its coroutine to completion
+(:mod:`ninelives.tools.coroutines`) and returns its value, so the step machinery,
+its timeouts and retries see a plain call.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..durable import is_async_def
 from ..errors import InputError, PlanError
 
 ToolFn = Callable[[Mapping[str, Any], Mapping[int, Any], str], Mapping[str, Any]]
@@ -78,13 +83,14 @@ class Tool:
                 idem_key=idem_key,
             )
             return self.run(input, context)
-        return self.fn(input, ctx, idem_key)
+        return _invoke(self.fn, input, ctx, idem_key)
 
     def run(self, input: Mapping[str, Any], context: ToolContext) -> Mapping[str, Any]:
-        """Call the tool for one attempt of a step."""
+        """Call the tool for one attempt of a step (an ``async def`` tool is run to
+        completion, see :func:`ninelives.tools.coroutines.run_async`)."""
         if self.takes_context:
-            return self.fn(input, context)
-        return self.fn(input, context.outputs, context.idem_key)
+            return _invoke(self.fn, input, context)
+        return _invoke(self.fn, input, context.outputs, context.idem_key)
 
     def ask_probe(self, input: Mapping[str, Any], context: ToolContext) -> Mapping[str, Any] | None:
         """Call :attr:`probe` (which must be set) in whichever form it takes."""
@@ -146,6 +152,18 @@ class ToolContext:
         return open_engine(EngineConfig.from_env(None, **overrides))
 
 
+def _invoke(fn: Callable[..., Any], *args: Any) -> Mapping[str, Any]:
+    """``fn(*args)``; an ``async def`` run to completion (asyncio loads only then).
+    What it returned is checked as an output by the caller, whatever it is."""
+    if not is_async_def(fn):
+        returned: Mapping[str, Any] = fn(*args)
+        return returned
+    from .coroutines import run_async
+
+    awaited: Mapping[str, Any] = run_async(fn, *args)
+    return awaited
+
+
 def _takes_context(fn: Callable[..., Any]) -> bool:
     return _argcount(fn) == 2
 
@@ -168,7 +186,7 @@ def check_on_unknown(name: str, on_unknown: str, probe: object) -> None:
         )
     if on_unknown == "probe" and probe is None:
         raise PlanError(f"tool {name!r}: on_unknown 'probe' needs a probe")
-    if getattr(getattr(probe, "__code__", None), "co_flags", 0) & 0x80:  # CO_COROUTINE
+    if is_async_def(probe):
         # Asked outside any event loop: its coroutine would never run, and
         # would be taken for its answer.
         raise PlanError(f"tool {name!r}: its probe must be a plain def, not an async def")
@@ -255,7 +273,8 @@ def tool(
     """Declare the decorated function as tool ``name`` (default: its own name).
 
     The function takes ``(input, ctx)`` with a :class:`ToolContext`, or the
-    contract's ``(input, ctx, idem_key)``. ``schema`` (JSON Schema of the
+    contract's ``(input, ctx, idem_key)``, and may be an ``async def`` (run to
+    completion on each call). ``schema`` (JSON Schema of the
     input) lets agents call it: the model is shown it and ``description`` (by
     default the function's docstring), and every call is checked against it.
     ``version`` (say ``"2"`` after a fix) is journaled in each ``step_started``
