@@ -289,3 +289,48 @@ def test_append_log_extra_entries_count_once_each(tmp_path: Path) -> None:
         3,
         ["report.log: 4 entries for 1 done step(s)"],
     )
+
+
+CALIBRATION_FAILS = """
+import ninelives
+from ninelives.tools import tool
+
+
+@tool("boom")
+def boom(step_input, ctx, idem_key):
+    raise RuntimeError("always")
+
+
+@ninelives.workflow
+def raises(ctx):
+    raise ValueError("outside a step")
+"""
+
+
+@pytest.mark.parametrize(
+    ("subject", "run_exit", "says"),
+    [
+        (("fail.json",), 2, "task 'calibration' failed: step 0 (boom) failed 1 times"),
+        (("--workflow", "raises"), 12, "workflow 'raises' raised outside a step"),
+    ],
+    ids=["plan", "workflow"],
+)
+def test_a_run_that_fails_without_kills_is_one_clean_line_and_exit_2(
+    sqlite_lab: Lab, subject: tuple[str, ...], run_exit: int, says: str
+) -> None:
+    # The run's own error line is quoted inside torture's: its prefix appeared twice.
+    lab = sqlite_lab
+    lab.write("failing_tools.py", CALIBRATION_FAILS)
+    lab.write_plan({"goal": "g", "steps": [{"tool": "boom", "input": {}, "max_attempts": 1}]},
+                   "fail.json")  # fmt: skip
+    result = lab.cli("torture", *subject, "--kills", "1", "--dir", "scratch", "-q",
+                     NINELIVES_TOOLS="failing_tools", NINELIVES_BACKOFF="0")  # fmt: skip
+    assert result.returncode == 2, result.stderr  # as documented in exit-codes.md
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(
+        f"ninelives: error: the task does not run cleanly even without kills (exit {run_exit}): "
+    ), lines[0]
+    assert lines[0].count("ninelives: error:") == 1, lines[0]
+    assert says in lines[0]

@@ -157,9 +157,15 @@ class Session:
         return (max(first * 0.9, 0.0), max(last * 1.1, first + 0.005)), len(stamps)
 
 
+#: What begins each error line of a command: a child's line quoted inside
+#: torture's own would otherwise repeat it ("ninelives: error: ... ninelives: error:").
+ERROR_PREFIX = "ninelives: error: "
+
+
 def _last(text: str) -> str:
+    """The last line a child run wrote on stderr, without its error prefix."""
     lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else "(no output)"
+    return lines[-1].removeprefix(ERROR_PREFIX) if lines else "(no output)"
 
 
 def _kill(
