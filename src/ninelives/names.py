@@ -50,6 +50,23 @@ def check_stored_id(task_id: str) -> str:
     return task_id
 
 
+def check_folder_text(folder: str) -> str:
+    """Return ``folder`` (an artifacts folder as a database records it) if UTF-8
+    can encode it, else raise :class:`InputError`. A folder named in another
+    encoding (``caf\\xe9``, from ``AGENT_ARTIFACTS`` or the working directory)
+    arrives as lone surrogates, which no database column of text can hold: the
+    driver raised ``UnicodeEncodeError`` in the middle of the command."""
+    try:
+        folder.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(
+            f"the artifacts folder {folder!r} is not named in UTF-8 (AGENT_ARTIFACTS, or "
+            "the working directory it is relative to): the database records it as text; "
+            "name the folder in UTF-8"
+        ) from None
+    return folder
+
+
 QUEUE_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
 
 

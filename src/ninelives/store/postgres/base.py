@@ -31,6 +31,7 @@ from ...blobs import resolve_task
 from ...errors import LeaseLost, StoreError, TaskBusy, UnknownTask
 from ...journal import dumps
 from ...models import EventKind, Run, Step, Task, TaskStatus
+from ...names import check_folder_text
 from .. import sql
 from ..commits import Journaling
 from ..rules import unknown_outcome
@@ -567,4 +568,4 @@ class PostgresTransaction(Journaling):
         self.run(query, {**params, "refusal": refusal})
 
     def stored_folder(self, folder: str | None) -> str | None:
-        return folder
+        return folder if folder is None else check_folder_text(folder)

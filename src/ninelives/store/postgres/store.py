@@ -57,6 +57,7 @@ from ...models import (
     Task,
     TaskStatus,
 )
+from ...names import check_folder_text
 from ...plan import Plan
 from .. import commits, recovery
 from ..base import Grant
@@ -192,7 +193,8 @@ class PostgresStore(StepCommits, PostgresHousekeeping, commits.SharedCommits):
                 )
                 conn.execute(
                     Q["insert_task"],
-                    {"id": task_id, "goal": plan.goal, "queue": queue, "artifacts": artifacts,
+                    {"id": task_id, "goal": plan.goal, "queue": queue,
+                     "artifacts": artifacts and check_folder_text(artifacts),
                      "plan_sha256": digest},
                 )  # fmt: skip
                 with conn.cursor() as cur:

@@ -31,6 +31,7 @@ import stat
 from typing import Any
 
 from ...errors import StoreError
+from ...names import check_folder_text
 
 #: The oldest SQLite library ninelives can use: ``UPDATE ... RETURNING`` is 3.35.
 MIN_SQLITE = (3, 35, 0)
@@ -144,9 +145,9 @@ def stored_folder(db: str, folder: str | None) -> str | None:
     if os.path.commonpath([base, folder]) != base:
         real = os.path.realpath(folder)  # only then: it asks the file system
         if os.path.commonpath([base, real]) != base:
-            return folder
+            return check_folder_text(folder)
         folder = real
-    return os.path.relpath(folder, base)
+    return check_folder_text(os.path.relpath(folder, base))
 
 
 def resolved_folder(db: str, stored: str | None) -> str | None:
