@@ -30,7 +30,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import InputError, StoreError
-from .locking import BLOBS_LOCK, TASK_LOCK_NAME, lock_path
+from .locking import (
+    BLOBS_LOCK,
+    TASK_LOCK_NAME,
+    lock_folder,
+    lock_path,
+    odd_lock_files,
+)
 from .models import StepStatus, TaskStatus, is_workflow
 
 #: The statuses a task never leaves by itself: the only ones gc deletes.
@@ -391,11 +397,24 @@ def _lock_files(store: Any) -> list[Finding]:
     local = store.local_files()
     if local is None:
         return []
-    names = [n for n in local.lock_files() if n != BLOBS_LOCK and re.fullmatch(TASK_LOCK_NAME, n)]
+    folder = lock_folder(local.path)
+    odd = odd_lock_files(folder)
+    # A symlink or a folder where a lock file goes fails every run that locks
+    # through it; a person removes it (a folder may hold anything).
+    found = [
+        Finding("lock", os.path.join(folder, name),
+                "a symlink or a folder where a lock file goes: every run locking through it fails",
+                "remove it; ninelives recreates it")
+        for name in odd
+    ]  # fmt: skip
+    names = [
+        n for n in local.lock_files()
+        if n != BLOBS_LOCK and re.fullmatch(TASK_LOCK_NAME, n) and n not in odd
+    ]  # fmt: skip
     if not names:
-        return []
+        return found
     known = {os.path.basename(lock_path(local.path, task_id)) for task_id in store.task_ids()}
-    return [
+    return found + [
         Finding("lock", name, "lock file of a task that no longer exists",
                 "ninelives doctor --fix (removes it)", fixable=True)
         for name in names

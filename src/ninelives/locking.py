@@ -117,6 +117,10 @@ class TaskLock:
             if create:
                 raise
             return  # no per-task file: no older version has claimed the task
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EISDIR):
+                raise StoreError(not_a_lock_file(os.path.dirname(self.path), name)) from None
+            raise
         self._fds.append(fd)
         try:
             if ranged:
@@ -156,6 +160,42 @@ def open_lock_folder(folder: str) -> int:
                 "remove it; ninelives recreates it"
             ) from None
         raise
+
+
+def not_a_lock_file(folder: str, name: str) -> str:
+    """What is wrong with a symlink or a folder at a lock file's place, and what to do."""
+    return (
+        f"lock file {os.path.join(folder, name)} is not a plain file (a symlink or a "
+        "folder): no lock can be taken through it; remove it, ninelives recreates it"
+    )
+
+
+def odd_lock_files(folder: str) -> list[str]:
+    """The lock files ninelives makes in ``folder`` (:data:`TASKS_LOCK`,
+    :data:`BLOBS_LOCK`, a task's own) that are symlinks or folders: a run
+    refuses to lock through them. A missing or unusable ``folder`` has none
+    (:func:`open_lock_folder` judges the folder itself)."""
+    import re
+    import stat
+
+    try:
+        fd = open_lock_folder(folder)
+    except (OSError, StoreError):
+        return []
+    try:
+        odd = []
+        for name in sorted(os.listdir(fd)):
+            if name not in (TASKS_LOCK, BLOBS_LOCK) and not re.fullmatch(TASK_LOCK_NAME, name):
+                continue  # a name ninelives does not make is not its to judge
+            try:
+                mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
+            except OSError:
+                continue  # gone meanwhile
+            if stat.S_ISLNK(mode) or stat.S_ISDIR(mode):
+                odd.append(name)
+        return odd
+    finally:
+        os.close(fd)
 
 
 def is_held(db_path: str, task_id: str) -> bool:

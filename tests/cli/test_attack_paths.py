@@ -59,3 +59,39 @@ def test_an_artifacts_folder_not_named_in_utf8_is_exit_4(seeded: Lab) -> None:
     assert not os.path.exists(folder)
     # Control: the same folder named in UTF-8 is taken.
     assert seeded.cli("create", "new", "plan.json", AGENT_ARTIFACTS="café").returncode == 0
+
+
+@pytest.mark.parametrize("kind", ["symlink to /dev/null", "folder"])
+def test_a_shared_lock_file_that_is_not_a_file_is_named_by_run_and_doctor(
+    seeded: Lab, kind: str
+) -> None:
+    # tasks.lock holds every task's lock. A symlink there (even to /dev/null)
+    # or a folder made every run fail with "cannot lock task 'todo': Too many
+    # levels of symbolic links" (or "Is a directory"), which named no file,
+    # while doctor said "no findings" and exited 0.
+    locks = seeded.root / "state.db.locks"
+    locks.mkdir(mode=0o700, exist_ok=True)
+    lock = locks / "tasks.lock"
+    lock.unlink(missing_ok=True)
+    if kind == "folder":
+        lock.mkdir()
+    else:
+        lock.symlink_to("/dev/null")
+    null = os.stat("/dev/null")
+    before = digest(seeded.root / "state.db")
+    one_line(seeded.cli("run", "todo"), 5, str(lock), "remove it")
+    doctor = seeded.cli("doctor")
+    assert doctor.returncode == 7, doctor
+    assert f"lock: {lock}: a symlink or a folder" in doctor.stdout, doctor.stdout
+    assert seeded.cli("doctor", "--fix").returncode == 7  # a person removes it, not doctor
+    assert lock.is_symlink() or lock.is_dir()
+    assert digest(seeded.root / "state.db") == before
+    after = os.stat("/dev/null")
+    assert (after.st_mode, after.st_rdev, after.st_ino) == (null.st_mode, null.st_rdev, null.st_ino)
+    # Control: removed, it is made again and the run goes on.
+    if kind == "folder":
+        lock.rmdir()
+    else:
+        lock.unlink()
+    assert seeded.cli("run", "todo", "-q").returncode == 0
+    assert seeded.cli("doctor").returncode == 0
