@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from . import diskio
 from .errors import BlobDamaged, EffectUnknown, StoreError
 from .errors import BlobUnreadable as BlobUnreadable  # its old home: kept importable
+from .locking import check_lock_file
 from .models import load_json
 
 if TYPE_CHECKING:
@@ -321,6 +322,7 @@ class FolderBlobs:
         try:
             fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
         except OSError as exc:
+            check_lock_file(self.lock_file)  # a symlink or a folder: named as such
             raise StoreError(f"cannot open {self.lock_file}: {exc.strerror}") from None
         finally:
             os.close(dir_fd)
@@ -354,6 +356,8 @@ class FolderBlobs:
         why = diskio.unusable_folder(self.folder)
         if why is not None:
             raise StoreError(f"blob folder {self.folder} {why}; refusing to store there")
+        if self.lock_file is not None:
+            check_lock_file(self.lock_file)
 
     def _refuse_link(self, what: str) -> None:
         if os.path.islink(self.folder):  # as for the lock folder: never through a link

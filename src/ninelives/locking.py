@@ -170,6 +170,20 @@ def not_a_lock_file(folder: str, name: str) -> str:
     )
 
 
+def check_lock_file(path: str) -> None:
+    """Raise :class:`StoreError` if a symlink or a folder is where the lock file
+    ``path`` goes: checked before a claim by the lock taken after a step's tool
+    ran (the blob store's), whose refusal then would leave the step running."""
+    import stat
+
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return  # absent (made when taken), or its folder is judged where it is opened
+    if stat.S_ISLNK(mode) or stat.S_ISDIR(mode):
+        raise StoreError(not_a_lock_file(*os.path.split(path)))
+
+
 def odd_lock_files(folder: str) -> list[str]:
     """The lock files ninelives makes in ``folder`` (:data:`TASKS_LOCK`,
     :data:`BLOBS_LOCK`, a task's own) that are symlinks or folders: a run

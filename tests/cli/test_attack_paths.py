@@ -95,3 +95,23 @@ def test_a_shared_lock_file_that_is_not_a_file_is_named_by_run_and_doctor(
         lock.unlink()
     assert seeded.cli("run", "todo", "-q").returncode == 0
     assert seeded.cli("doctor").returncode == 0
+
+
+def test_a_blob_lock_that_is_a_symlink_is_refused_before_the_claim(seeded: Lab) -> None:
+    # With NINELIVES_BLOB_THRESHOLD set, a blobs.lock symlink was found only
+    # when the first output was stored, after the step's tool ran: the step
+    # was left running, every run again recovered it and ran its effect again,
+    # and the sixth failed the task, no process ever killed.
+    locks = seeded.root / "state.db.locks"
+    locks.mkdir(mode=0o700, exist_ok=True)
+    lock = locks / "blobs.lock"
+    lock.unlink(missing_ok=True)
+    lock.symlink_to("/dev/null")
+    before = digest(seeded.root / "state.db")
+    for _ in range(2):
+        one_line(seeded.cli("run", "todo", NINELIVES_BLOB_THRESHOLD="0"), 5, str(lock))
+    assert digest(seeded.root / "state.db") == before
+    assert lock.is_symlink()
+    # Control: without it the same run stores its outputs as blobs.
+    lock.unlink()
+    assert seeded.cli("run", "todo", "-q", NINELIVES_BLOB_THRESHOLD="0").returncode == 0
