@@ -123,6 +123,31 @@ def test_create_says_the_task_was_stored_when_its_confirmation_fails(lab: Lab, w
     assert lab.cli("run", "t").returncode == 0
 
 
+def test_every_change_says_it_was_made_when_its_confirmation_fails(sqlite_lab: Lab) -> None:
+    # As create does: the change stands, and a bare "cannot write to stdout"
+    # invited the same command again, which was then refused (fork: "task
+    # 'u' already exists", exit 4; retry: "is pending, not failed").
+    lab = sqlite_lab
+    created(lab)
+    assert lab.cli("run", "t", "-q").returncode == 0
+    lab.write_plan({"goal": "g", "steps": [{"tool": "approval", "input": {"prompt": "ok?"}}]},
+                   "approval.json")  # fmt: skip
+    assert lab.cli("create", "a", "approval.json").returncode == 0
+    assert lab.cli("run", "a", "-q").returncode == 8
+    for args, said in (
+        (["fork", "t", "u", "--from", "1"], "task 'u' was forked from 't'"),
+        (["cancel", "u"], "task 'u' was cancelled"),
+        (["approve", "a", "0", "--reject"], "task 'a' step 0 was rejected"),
+        (["retry", "a"], "task 'a' is pending again"),
+    ):
+        result = run_closed(lab, args)
+        assert result.returncode == OUTPUT_FAILED, result
+        assert result.stderr.count("\n") == 1, result.stderr
+        assert result.stderr.startswith(f"ninelives: error: {said}, but cannot write"), result
+    assert lab.cli("status", "u", "--json").json()["status"] == "cancelled"  # they were
+    assert lab.cli("status", "a", "--json").json()["status"] == "pending"
+
+
 def test_a_reader_that_goes_away_ends_the_command_quietly(sqlite_lab: Lab) -> None:
     lab = sqlite_lab
     created(lab)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from .common import Command, open_runtime, task_arg
-from .output import out
+from .output import confirm, out
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -17,8 +17,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     with open_runtime(args, create=False) as rt:
         task, changed = rt.cancel(args.task_id, reason=args.reason)
     if changed:
-        out(f"task {task.id!r} cancelled: it is not run again (a runner holding it stops "
-                 "before its next step)")  # fmt: skip
+        confirm(f"task {task.id!r} cancelled: it is not run again (a runner holding it stops "
+                "before its next step)", f"task {task.id!r} was cancelled")  # fmt: skip
     else:
         out(f"task {task.id!r} was already cancelled")
     return 0
@@ -36,9 +36,10 @@ def cmd_fork(args: argparse.Namespace) -> int:
         task = rt.fork(args.task_id, args.new_id, start=args.start, queue=args.queue)
     copied = sum(1 for s in task.steps if s.output is not None)
     where = f" in queue {args.queue!r}" if args.queue else ""
-    out(
+    confirm(
         f"forked task {task.id!r} from {args.task_id!r} at step {args.start}{where}: "
-        f"{copied} step(s) copied done, {len(task.steps) - copied} to run"
+        f"{copied} step(s) copied done, {len(task.steps) - copied} to run",
+        f"task {task.id!r} was forked from {args.task_id!r}",
     )
     return 0
 
@@ -62,9 +63,10 @@ def cmd_resolve(args: argparse.Namespace) -> int:
             max_output=rt.settings.max_output,
         )  # fmt: skip
     what = "done with the output given" if args.done is not None else "pending, to run again"
-    out(
+    confirm(
         f"task {task.id!r} step {args.step} is {what}; the task is {task.status.value}: "
-        f"'ninelives run {task.id}' resumes it"
+        f"'ninelives run {task.id}' resumes it",
+        f"task {task.id!r} step {args.step} was resolved",
     )
     return 0
 
@@ -85,18 +87,20 @@ def cmd_approve(args: argparse.Namespace) -> int:
 
     with open_runtime(args, create=False) as rt:
         task = approve(rt.store, args.task_id, args.step, reject=args.reject, note=args.note)
+    decided = "rejected" if args.reject else "approved"
     if args.reject and task.status.value == "failed":
-        out(f"task {task.id!r} step {args.step} rejected: the task has failed")
+        line = f"task {task.id!r} step {args.step} rejected: the task has failed"
     elif args.reject:
-        out(
+        line = (
             f"task {task.id!r} step {args.step} rejected; the workflow reads the rejection and "
             f"the task is {task.status.value}: 'ninelives run {task.id}' resumes it"
         )
     else:
-        out(
+        line = (
             f"task {task.id!r} step {args.step} approved; the task is {task.status.value}: "
             f"'ninelives run {task.id}' resumes it"
         )
+    confirm(line, f"task {task.id!r} step {args.step} was {decided}")
     return 0
 
 

@@ -227,6 +227,19 @@ def out(line: str) -> None:
         raise OutputFailed(f"cannot write to stdout: {exc.strerror or exc}") from None
 
 
+def confirm(line: str, done: str) -> None:
+    """Print a command's confirmation ``line`` now. The change it confirms
+    stands whatever happens to stdout, so a failure to write it says so
+    (``done, but cannot write ...``): a bare error would invite the same
+    command again, which is then refused (a fork's id exists, a retried task
+    is no longer failed)."""
+    try:
+        out(line)
+        flush()
+    except OutputFailed as exc:
+        raise OutputFailed(f"{done}, but {exc}") from None
+
+
 def flush() -> None:
     """Push buffered output out now, while a failure can still be reported."""
     stream = sys.stdout

@@ -11,7 +11,7 @@ import argparse
 import os
 from typing import Any
 
-from ..errors import InputError, OutputFailed
+from ..errors import InputError
 from ..version import __version__
 from . import output
 from .common import (
@@ -24,7 +24,7 @@ from .common import (
     settings_of,
     task_arg,
 )
-from .output import flush, json_line, on_terminal, out, printable, say
+from .output import confirm, json_line, on_terminal, out, printable, say
 
 
 def cmd_create(args: argparse.Namespace) -> int:
@@ -53,17 +53,9 @@ def cmd_create(args: argparse.Namespace) -> int:
     if queue is None and args.workflow is None:  # run here, so here is where fetch reads
         _warn_missing_inputs(plan, settings.workspace)
     where = f" in queue {queue!r}" if queue else ""
-    try:
-        what = (
-            f"workflow {args.workflow!r}"
-            if args.workflow is not None
-            else plural(len(task.steps), "step")
-        )
-        out(f"created task {task.id!r} with {what}{where}")
-        flush()
-    except OutputFailed as exc:
-        # The task is stored: saying only "error" would invite a second create.
-        raise OutputFailed(f"task {task.id!r} was stored, but {exc}") from None
+    what = f"workflow {args.workflow!r}" if args.workflow is not None else None
+    what = what or plural(len(task.steps), "step")
+    confirm(f"created task {task.id!r} with {what}{where}", f"task {task.id!r} was stored")
     return 0
 
 
@@ -114,7 +106,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_retry(args: argparse.Namespace) -> int:
     with open_runtime(args, create=False) as rt:
         task = rt.retry(args.task_id, step=args.step)
-    out(f"task {task.id!r} is pending again: 'ninelives run {task.id}' resumes it")
+    confirm(
+        f"task {task.id!r} is pending again: 'ninelives run {task.id}' resumes it",
+        f"task {task.id!r} is pending again",
+    )
     return 0
 
 
