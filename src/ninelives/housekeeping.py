@@ -63,7 +63,9 @@ _TEMP = re.compile(r"\..+\.[0-9a-f]{16}\.tmp")
 
 def parse_duration(text: str) -> float:
     """Seconds in ``30d``, ``12h``, ``15m``, ``0s`` (also ``1h30m``); InputError otherwise."""
-    parts = re.findall(r"(\d+)([smhdw])", text)
+    # [0-9], not \d: \d also takes other scripts' digits ("\u0661s" read as 1s),
+    # which the one rule for numbers (settings.env_number) refuses.
+    parts = re.findall(r"([0-9]+)([smhdw])", text)
     if not text or "".join(n + u for n, u in parts) != text:
         raise InputError(
             f"duration {text!r} is not a number of s, m, h, d or w (such as 30d, 12h, 15m, 0s)"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,18 @@ def test_a_duration_too_long_is_exit_4(two: Lab, duration: str) -> None:
     # control: the longest accepted, and a number with leading zeros
     assert two.cli("gc", "--older-than", "365000d", "--dry-run").returncode == 0
     assert two.cli("gc", "--older-than", "0" * 50 + "1s", "--dry-run").returncode == 0
+
+
+@pytest.mark.parametrize("duration", ["\u0661s", "\uff13\uff10d", "1h\u0663m"])
+def test_a_duration_in_another_scripts_digits_is_exit_4(two: Lab, duration: str) -> None:
+    # As a number variable written so is refused: "\u0661s" was read as 1s, and
+    # gc removed every finished task older than a second.
+    assert two.cli("cancel", "t").returncode == 0
+    time.sleep(1.1)  # t is finished and older than any of these durations read as digits
+    before = digest(two.root / "state.db")
+    one_line(two.cli("gc", "--older-than", duration), 4, "is not a number")
+    assert digest(two.root / "state.db") == before
+    assert task_ids(two) == ["t", "u"]
 
 
 @pytest.mark.parametrize("port", ["70000", "9" * 400, "-1"])
