@@ -189,6 +189,12 @@ class CommitUnknown(StoreError):
     whatever the database holds.
     """
 
+    def __init__(self, message: str, *, failed: str | None = None) -> None:
+        super().__init__(message)
+        #: What failed, without the advice to run again: a command that no run
+        #: recovers (``create``, ``fork``) gives its own.
+        self.failed = failed or message
+
 
 class EffectUnknown(CommitUnknown):
     """A tool's durable write (write, link, fsync) failed with an I/O error.

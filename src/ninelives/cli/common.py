@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 from . import output
@@ -69,6 +70,22 @@ def open_existing(args: argparse.Namespace, *, write: bool) -> Any:
     if isinstance(store, MissingStore):
         raise StoreError(f"no database at {args.db} ('ninelives create' makes one)")
     return store
+
+
+@contextmanager
+def stored_or_unknown(task_id: str, command: str) -> Iterator[None]:
+    """Around a command that stores a new task: a commit whose outcome is
+    unknown (an I/O error, a full disk) says how to find out whether the task
+    was stored, since no run recovers a task that may not exist."""
+    from ..errors import CommitUnknown
+
+    try:
+        yield
+    except CommitUnknown as exc:
+        raise CommitUnknown(
+            f"{exc.failed}: whether task {task_id!r} was stored is unknown; "
+            f"'ninelives status {task_id}' tells (if it answers unknown task, {command} it again)"
+        ) from None
 
 
 def plural(count: int, noun: str) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import Command, open_runtime, task_arg
+from .common import Command, open_runtime, stored_or_unknown, task_arg
 from .output import confirm, out
 
 
@@ -32,7 +32,7 @@ def _cancel_args(p: argparse.ArgumentParser) -> None:
 def cmd_fork(args: argparse.Namespace) -> int:
     """``ninelives fork TASK NEW_ID --from STEP [--queue NAME]``."""
 
-    with open_runtime(args, create=False) as rt:
+    with open_runtime(args, create=False) as rt, stored_or_unknown(args.new_id, "fork"):
         task = rt.fork(args.task_id, args.new_id, start=args.start, queue=args.queue)
     copied = sum(1 for s in task.steps if s.output is not None)
     where = f" in queue {args.queue!r}" if args.queue else ""

@@ -22,6 +22,7 @@ from .common import (
     plural,
     queue_of,
     settings_of,
+    stored_or_unknown,
     task_arg,
 )
 from .output import confirm, json_line, on_terminal, out, printable, say
@@ -47,7 +48,10 @@ def cmd_create(args: argparse.Namespace) -> int:
     else:
         made = (prepare(args.task_id, args.plan_file, tools), [], {})
     queue = check_queue(queue_of(args)) if args.enqueue or args.queue is not None else None
-    with open_rt(args.db, settings=settings, tools=tools) as rt:
+    with (
+        open_rt(args.db, settings=settings, tools=tools) as rt,
+        stored_or_unknown(args.task_id, args.command),
+    ):
         plan, positional, keywords = made
         task = rt.create(args.task_id, plan, *positional, queue=queue, **keywords)
     if queue is None and args.workflow is None:  # run here, so here is where fetch reads

@@ -192,7 +192,8 @@ def recovery_limit_reason(idx: int, count: int, limit: int | None) -> str:
 def unknown_outcome(what: str, why: str) -> CommitUnknown:
     """The error of a commit whose outcome is unknown (``what``: "write to DB")."""
     return CommitUnknown(
-        f"{what} failed ({why}); its outcome is unknown, stopping now: the next run recovers"
+        f"{what} failed ({why}); its outcome is unknown, stopping now: the next run recovers",
+        failed=f"{what} failed ({why})",
     )
 
 

@@ -282,7 +282,8 @@ class SQLiteBase(SQLiteHousekeepingWrites):
             # An I/O error inside a write transaction, like any other: exit 6.
             raise CommitUnknown(
                 f"fsync of the database folder {folder} failed ({exc.strerror}); stopping "
-                "before writing: the next run recovers"
+                "before writing: the next run recovers",
+                failed=f"fsync of the database folder {folder} failed ({exc.strerror})",
             ) from None
         self._folder_synced = True
 
