@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from . import diskio
 from .errors import BlobDamaged, EffectUnknown, StoreError
 from .errors import BlobUnreadable as BlobUnreadable  # its old home: kept importable
-from .locking import check_lock_file
+from .locking import check_lock_file, open_lock_file
 from .models import load_json
 
 if TYPE_CHECKING:
@@ -307,25 +307,7 @@ class FolderBlobs:
             return
         import fcntl
 
-        folder, name = os.path.split(self.lock_file)
-        try:
-            os.mkdir(folder, 0o700)
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            raise StoreError(f"cannot make the lock folder {folder}: {exc.strerror}") from None
-        try:
-            # As the task locks: the folder is opened without following a link.
-            dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        except OSError as exc:
-            raise StoreError(f"lock folder {folder} cannot be used: {exc.strerror}") from None
-        try:
-            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
-        except OSError as exc:
-            check_lock_file(self.lock_file)  # a symlink or a folder: named as such
-            raise StoreError(f"cannot open {self.lock_file}: {exc.strerror}") from None
-        finally:
-            os.close(dir_fd)
+        fd = open_lock_file(self.lock_file)  # as the task locks: never through a link
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
             yield
@@ -356,8 +338,7 @@ class FolderBlobs:
         why = diskio.unusable_folder(self.folder)
         if why is not None:
             raise StoreError(f"blob folder {self.folder} {why}; refusing to store there")
-        if self.lock_file is not None:
-            check_lock_file(self.lock_file)
+        check_lock_file(self.lock_file)
 
     def _refuse_link(self, what: str) -> None:
         if os.path.islink(self.folder):  # as for the lock folder: never through a link

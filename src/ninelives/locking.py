@@ -170,12 +170,39 @@ def not_a_lock_file(folder: str, name: str) -> str:
     )
 
 
-def check_lock_file(path: str) -> None:
+def open_lock_file(path: str) -> int:
+    """A descriptor of the lock file ``path`` (the blob store's), made if
+    missing, in its lock folder, made if missing and opened without following
+    a link, as a task's lock is; :class:`StoreError` says what is wrong."""
+    folder, name = os.path.split(path)
+    try:
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise StoreError(f"cannot make the lock folder {folder}: {exc.strerror}") from None
+    try:
+        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise StoreError(f"lock folder {folder} cannot be used: {exc.strerror}") from None
+    try:
+        return os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
+    except OSError as exc:
+        check_lock_file(path)  # a symlink or a folder: named as such
+        raise StoreError(f"cannot open {path}: {exc.strerror}") from None
+    finally:
+        os.close(dir_fd)
+
+
+def check_lock_file(path: str | None) -> None:
     """Raise :class:`StoreError` if a symlink or a folder is where the lock file
-    ``path`` goes: checked before a claim by the lock taken after a step's tool
-    ran (the blob store's), whose refusal then would leave the step running."""
+    ``path`` goes (None: no lock): checked before a claim by the lock taken
+    after a step's tool ran (the blob store's), whose refusal then would leave
+    the step running."""
     import stat
 
+    if path is None:
+        return
     try:
         mode = os.lstat(path).st_mode
     except OSError:
