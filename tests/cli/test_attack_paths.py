@@ -115,3 +115,13 @@ def test_a_blob_lock_that_is_a_symlink_is_refused_before_the_claim(seeded: Lab) 
     # Control: without it the same run stores its outputs as blobs.
     lock.unlink()
     assert seeded.cli("run", "todo", "-q", NINELIVES_BLOB_THRESHOLD="0").returncode == 0
+
+
+def test_a_database_folder_that_is_a_file_is_named_as_one(seeded: Lab) -> None:
+    # `--db state.db/x.db`: it said "database folder does not exist: state.db",
+    # of a file that ls shows there.
+    before = digest(seeded.root / "state.db")
+    for args in (("create", "new", "plan.json"), ("submit", "new", "plan.json")):
+        one_line(seeded.cli("--db", "state.db/x.db", *args), 5, "is a file, not a folder")
+    one_line(seeded.cli("--db", "none/x.db", "create", "new", "plan.json"), 5, "does not exist")
+    assert digest(seeded.root / "state.db") == before

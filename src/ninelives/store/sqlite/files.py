@@ -69,7 +69,10 @@ def resolve(path: str, *, create: bool) -> tuple[str, os.stat_result | None]:
     real = os.path.realpath(path)
     folder = os.path.dirname(real)
     if not os.path.isdir(folder):
-        raise StoreError(f"database folder does not exist: {os.path.dirname(shown) or '.'}")
+        # `--db state.db/x.db`: the folder is there, as a file; "does not exist"
+        # sent people looking for a folder they could see.
+        why = "is a file, not a folder" if os.path.lexists(folder) else "does not exist"
+        raise StoreError(f"database folder {why}: {os.path.dirname(shown) or '.'}")
     owner = database_owning(real)
     if owner is not None:
         raise StoreError(
