@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 
 import pytest
@@ -161,6 +162,30 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(sqlite_lab: Lab) -> No
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0
     assert err == ""
+
+
+def test_a_reader_that_goes_away_leaves_a_checks_verdict(sqlite_lab: Lab) -> None:
+    # `verify --all | head -1` in a deploy script under `set -o pipefail`:
+    # the reader went away before the findings were written, and verify
+    # exited 0, "no violations", with a step run past its limit in the database.
+    lab = sqlite_lab
+    created(lab)
+    assert lab.cli("run", "t").returncode == 0
+    conn = sqlite3.connect(lab.root / "state.db")
+    conn.execute("UPDATE steps SET attempts = 99 WHERE idx = 0")  # past any limit
+    conn.commit()
+    conn.close()
+    assert lab.cli("verify", "--all").returncode == 7  # the control: a violation
+    for args in (["verify", "--all"], ["verify", "t"]):
+        proc = subprocess.Popen(
+            lab.argv(args), cwd=lab.root, env=lab.env(), stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert proc.stdout is not None
+        proc.stdout.close()  # the reader is gone before anything is written
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 7, (args, err)
+        assert "Traceback" not in err, err
 
 
 def test_an_ordinary_stdout_gets_everything(sqlite_lab: Lab) -> None:

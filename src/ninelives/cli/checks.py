@@ -17,7 +17,7 @@ from ..errors import (
     WorkflowDiverged,
 )
 from .common import Command, open_reader, settings_of, stored_id
-from .output import flush, out, printable, say, scrub
+from .output import findings, flush, out, printable, say, scrub
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -40,15 +40,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
         ids = None if args.all else [args.task_id]
         limits = (settings.max_attempts, settings.max_recoveries)
         report = verify_store(store, ids, artifacts=args.artifacts, limits=limits)
-    for violation in report.violations:
-        out(printable(scrub(str(violation))))
     integrity = ", integrity checked" if report.integrity_checked else ""
     summary = f"verified {report.tasks} task(s), {report.events} event(s){integrity}"
+    with findings():
+        for violation in report.violations:
+            out(printable(scrub(str(violation))))
+        count = f"{len(report.violations)} violation(s)" if report.violations else "no violations"
+        out(f"{summary}: {count}")
+        flush()  # the list is the finding: a failure to print it is not "violations"
     if report.ok:
-        out(f"{summary}: no violations")
         return 0
-    out(f"{summary}: {len(report.violations)} violation(s)")
-    flush()  # the list is the finding: a failure to print it is not "violations"
     tampered = sorted({v.task_id for v in report.violations if v.check == "plan_integrity"})
     if tampered:  # refused as run refuses it: exit 5, naming the task
         from ..errors import PlanTampered
@@ -78,10 +79,11 @@ def cmd_torture(args: argparse.Namespace) -> int:
         pause=args.pause,
         log=None if args.quiet else say,
     )
-    for line in report.summary_lines():
-        out(printable(line))
-    if not report.ok:
+    with findings():
+        for line in report.summary_lines():
+            out(printable(line))
         flush()
+    if not report.ok:
         raise VerificationFailed(
             f"{report.duplicates} duplicate(s), {report.lost_commits} lost commit(s), "
             f"{len(report.violations)} violation(s); replay with --seed {report.seed}"
@@ -159,10 +161,11 @@ def cmd_replay_check(args: argparse.Namespace) -> int:
                     f"{diverged.task_id}: step {diverged.step}: journal {diverged.stored!r}, "
                     f"code {called!r}"
                 )
-    for line in found:
-        out(printable(line))
-    if found:
+    with findings():
+        for line in found:
+            out(printable(line))
         flush()
+    if found:
         raise VerificationFailed(
             f"{len(found)} of {checked} workflow task(s) diverge or cannot be replayed here"
         )

@@ -13,7 +13,8 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from ..errors import OutputFailed
@@ -225,6 +226,18 @@ def out(line: str) -> None:
         raise
     except OSError as exc:
         raise OutputFailed(f"cannot write to stdout: {exc.strerror or exc}") from None
+
+
+@contextmanager
+def findings() -> Iterator[None]:
+    """Around the printing of a check's findings (``verify``, ``torture``,
+    ``replay-check``): a reader that goes away (``verify --all | head -1``)
+    ends the printing, not the check, whose exit code is its verdict. It was
+    exit 0, "no violations", to a script under ``set -o pipefail``."""
+    try:
+        yield
+    except BrokenPipeError:
+        drop_stdout()
 
 
 def confirm(line: str, done: str) -> None:
