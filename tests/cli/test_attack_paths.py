@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,31 @@ def test_a_database_folder_that_is_a_file_is_named_as_one(seeded: Lab) -> None:
         one_line(seeded.cli("--db", "state.db/x.db", *args), 5, "is a file, not a folder")
     one_line(seeded.cli("--db", "none/x.db", "create", "new", "plan.json"), 5, "does not exist")
     assert digest(seeded.root / "state.db") == before
+
+
+def test_an_abbreviated_global_option_takes_its_value_as_argparse_does(sqlite_lab: Lab) -> None:
+    # argparse takes `--d` for `--db` and `--to` for `--tools`; the command
+    # line declared only the sub-parser of the first word that names a command,
+    # and that was the option's value: `--d status run t` (a database file named
+    # "status") said "invalid choice: 'run' (choose from 'status')".
+    lab = sqlite_lab
+    lab.guide_setup()
+
+    def cli(*args: str) -> Result:
+        proc = subprocess.run(
+            [*lab.command, *args], cwd=lab.root, env=lab.env(), capture_output=True,
+            text=True, timeout=120, check=False,
+        )  # fmt: skip
+        return Result(args=args, returncode=proc.returncode, stdout=proc.stdout,
+                      stderr=proc.stderr)  # fmt: skip
+
+    assert cli("--d", "status", "create", "t", "plan.json").returncode == 0
+    assert (lab.root / "status").is_file()
+    done = cli("--d", "status", "run", "t", "-q")
+    assert done.returncode == 0, done
+    one_line(
+        cli("--to", "ls", "--d", "status", "run", "t"), 4, "cannot load tools from module 'ls'"
+    )
+    listed = cli("--d", "status", "ls", "--json")
+    assert listed.returncode == 0, listed
+    assert [row["task"] for row in listed.jsonl()] == ["t"]

@@ -132,11 +132,19 @@ def _db_arg(text: str) -> str:
     return text
 
 
+def _takes_value(token: str) -> bool:
+    # argparse also takes an option abbreviated (`--d` for `--db`, `--to` for
+    # `--tools`): its value must not be taken for the command.
+    return len(token) > 2 and any(name.startswith(token) for name in ("--db", "--tools"))
+
+
 def _command_in(argv: Sequence[str]) -> str | None:
     """The command argparse will dispatch ``argv`` to, or None if that is unclear."""
     tokens = iter(argv)
     for token in tokens:
-        if token in ("--db", "--tools"):
+        if token == "--":
+            return None
+        if _takes_value(token):
             next(tokens, None)
         elif not token.startswith("-"):
             return token if token in COMMANDS else None
