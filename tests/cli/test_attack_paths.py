@@ -154,3 +154,30 @@ def test_an_abbreviated_global_option_takes_its_value_as_argparse_does(sqlite_la
     listed = cli("--d", "status", "ls", "--json")
     assert listed.returncode == 0, listed
     assert [row["task"] for row in listed.jsonl()] == ["t"]
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"NINELIVES_LLM": "bogus"},
+        {"NINELIVES_LLM": "openai"},  # no model named
+        {"NINELIVES_LLM": "ollama", "NINELIVES_LLM_URL": "ftp://127.0.0.1"},
+    ],
+)
+def test_a_model_engine_misconfigured_here_is_refused_before_the_claim(
+    sqlite_lab: Lab, env: dict[str, str]
+) -> None:
+    # As a tool missing on this host is: each attempt was a step_error (the
+    # config is read when the step runs), so a typo in a variable failed the
+    # task (exit 2, 'ninelives retry' needed), as if the model had failed it.
+    lab = sqlite_lab
+    lab.write_plan({"goal": "g", "steps": [{"tool": "llm", "input": {"prompt": "hi"}}]})
+    assert lab.cli("create", "t", "plan.json").returncode == 0
+    assert lab.cli("submit", "q", "plan.json").returncode == 0
+    before = digest(lab.root / "state.db")
+    one_line(lab.cli("run", "t", NINELIVES_BACKOFF="0", **env), 4, "step 0", "nothing written")
+    drained = lab.cli("worker", "--drain", "-q", NINELIVES_BACKOFF="0", **env)
+    assert drained.returncode == 11, drained
+    assert digest(lab.root / "state.db") == before
+    # Control: configured (the stub engine by default), the same task runs.
+    assert lab.cli("run", "t", "-q").returncode == 0
