@@ -256,10 +256,14 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
     seconds, then refused, instead of blocking ``create`` forever.
     """
     shown = os.fspath(path)
+    if not shown:  # a script's `"$PLAN"` with PLAN unset: "not found: " named nothing
+        raise PlanError("PLAN_FILE is empty: name the plan file")
     try:
         data = _read_plan_file(shown)
     except FileNotFoundError:
-        raise PlanError(f"plan file not found: {shown}") from None
+        # `-` is no file here: say how a plan on standard input is given.
+        stdin = " (for standard input, give /dev/stdin)" if shown == "-" else ""
+        raise PlanError(f"plan file not found: {shown}{stdin}") from None
     except IsADirectoryError:
         raise PlanError(f"plan file is a directory: {shown}") from None
     except OSError as exc:

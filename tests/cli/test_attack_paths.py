@@ -181,3 +181,15 @@ def test_a_model_engine_misconfigured_here_is_refused_before_the_claim(
     assert digest(lab.root / "state.db") == before
     # Control: configured (the stub engine by default), the same task runs.
     assert lab.cli("run", "t", "-q").returncode == 0
+
+
+def test_an_empty_or_dash_plan_file_says_what_to_give(sqlite_lab: Lab) -> None:
+    # `create t "$PLAN"` with PLAN unset said "plan file not found: ", naming
+    # nothing; `create t -` said "plan file not found: -", with no word of how
+    # a plan on standard input is given.
+    lab = sqlite_lab
+    lab.guide_setup()
+    files = lab.files()
+    one_line(lab.cli("create", "t", ""), 4, "PLAN_FILE is empty")
+    one_line(lab.cli("create", "t", "-"), 4, "/dev/stdin")
+    assert lab.files() == files  # no database made
