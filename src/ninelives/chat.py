@@ -184,14 +184,18 @@ def check_call(call: Any, offered: Sequence[str] | None, lookup: Callable[[str],
     return ""
 
 
-def run_call(call: Any, lookup: Callable[[str], Any], context: Any) -> Any:
+def run_call(
+    call: Any, lookup: Callable[[str], Any], context: Any, *, awaited: bool = False
+) -> Any:
     """Run the tool ``call`` names with its arguments, for the step ``context``
     (a :class:`~ninelives.tools.ToolContext`); ``{"error": ...}`` without running
-    anything when it cannot run (:func:`check_call`)."""
+    anything when it cannot run (:func:`check_call`). ``awaited``: the caller
+    awaits what it returns, so an ``async def`` tool's coroutine is returned."""
     problem = check_call(call, None, lookup)
     if problem:
         return {"error": problem}
-    return lookup(call["name"]).run(dict(call.get("arguments", {})), context)
+    tool = lookup(call["name"])
+    return (tool.start if awaited else tool.run)(dict(call.get("arguments", {})), context)
 
 
 def argument_problem(arguments: Any) -> str:

@@ -34,13 +34,13 @@ def step_name(call: Any) -> str:
     return name if valid and name not in (AGENT_TOOL, APPROVAL_TOOL) else "call"  # type: ignore[return-value]
 
 
-def _run_in_step(call: Any, lookup: Callable[[str], Any]) -> Any:
+def _run_in_step(call: Any, lookup: Callable[[str], Any], awaited: bool) -> Any:
     """:func:`~ninelives.chat.run_call` in the context of the running step."""
     from .durable import current_step
 
     context = current_step()
     assert context is not None  # a ctx.call_tool step sets it
-    return run_call(call, lookup, context)
+    return run_call(call, lookup, context, awaited=awaited)
 
 
 def _policy(call: Any, lookup: Callable[[str], Any], fn: Callable[..., Any]) -> Any:
@@ -83,9 +83,9 @@ class ChatCalls:
             check_offered(request["tools"], lookup)
         return CHAT_STEP, lambda req: ask(req, lookup), request
 
-    def _call_step(self, call: Any) -> tuple[Any, ...]:
+    def _call_step(self, call: Any, awaited: bool = False) -> tuple[Any, ...]:
         lookup = self._lookup()
-        fn = _policy(call, lookup, lambda c: _run_in_step(c, lookup))
+        fn = _policy(call, lookup, lambda c: _run_in_step(c, lookup, awaited))
         given = dict(call) if isinstance(call, Mapping) else call
         return step_name(call), fn, given
 
@@ -133,6 +133,7 @@ class AsyncChatCalls(ChatCalls):
         return await step(name, fn, request)  # type: ignore[no-any-return]
 
     async def call_tool(self, call: Mapping[str, Any]) -> Any:
-        """As :meth:`ChatCalls.call_tool`, awaited."""
+        """As :meth:`ChatCalls.call_tool`, awaited: an ``async def`` tool runs on
+        this workflow's loop."""
         step: Any = self.step  # type: ignore[attr-defined]
-        return await step(*self._call_step(call))
+        return await step(*self._call_step(call, awaited=True))

@@ -61,6 +61,20 @@ async def calls_async(ctx):
     return {"first": first, "second": second}
 
 
+LOOPS = []
+
+
+@tool("aloop", schema={"type": "object"})
+async def aloop(step_input, ctx):
+    return {"on_the_workflows_loop": asyncio.get_running_loop() in LOOPS}
+
+
+@ninelives.workflow
+async def on_its_loop(ctx):
+    LOOPS.append(asyncio.get_running_loop())
+    return await ctx.call_tool({"name": "aloop", "arguments": {}})
+
+
 def registered(name):
     from ninelives.tools import Registry, load_tool_modules
 
@@ -145,6 +159,18 @@ def test_an_async_tool_through_a_workflows_call_tool(tool_lab: Lab, flow: str) -
     expected = {"ok": 7, "key": "t-0"} if flow == "calls_sync" else {"ok": 8, "key": "t-0"}
     assert tool_lab.snapshot("t").outputs[0] == {"value": expected}
     assert _effects(tool_lab) == ["aecho t-0 1"]
+
+
+def test_an_async_workflows_call_tool_runs_an_async_tool_on_the_workflows_loop(
+    tool_lab: Lab,
+) -> None:
+    """Clients an async workflow made are bound to its loop: the tool it calls
+    is awaited there, not run in a loop of its own on another thread."""
+    assert tool_lab.cli("create", "t", "--workflow", "on_its_loop").returncode == 0
+    ran = tool_lab.cli("run", "t")
+    assert ran.returncode == 0, ran.stderr
+    _clean(ran.stderr)
+    assert tool_lab.snapshot("t").outputs[0] == {"value": {"on_the_workflows_loop": True}}
 
 
 def test_an_async_tool_called_inside_an_async_workflows_step(tool_lab: Lab) -> None:

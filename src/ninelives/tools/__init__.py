@@ -92,6 +92,14 @@ class Tool:
             return _invoke(self.fn, input, context)
         return _invoke(self.fn, input, context.outputs, context.idem_key)
 
+    def start(self, input: Mapping[str, Any], context: ToolContext) -> Any:
+        """As :meth:`run`, but an ``async def`` tool's coroutine is returned to be
+        awaited: an async workflow's ``ctx.call_tool`` runs it on the workflow's own
+        loop, where the clients the workflow made are bound."""
+        if self.takes_context:
+            return self.fn(input, context)
+        return self.fn(input, context.outputs, context.idem_key)
+
     def ask_probe(self, input: Mapping[str, Any], context: ToolContext) -> Mapping[str, Any] | None:
         """Call :attr:`probe` (which must be set) in whichever form it takes."""
         assert self.probe is not None
