@@ -90,6 +90,27 @@ def test_a_duration_in_another_scripts_digits_is_exit_4(two: Lab, duration: str)
     assert task_ids(two) == ["t", "u"]
 
 
+@pytest.mark.parametrize(
+    ("args", "shown"),
+    [
+        (("fork", "t", "f", "--from", "\u0660"), "invalid integer value: '\u0660'"),
+        (("fork", "t", "f", "--from", "0_0"), "invalid integer value: '0_0'"),
+        (("approve", "t", " 0"), "invalid integer value: ' 0'"),
+        (("ls", "--limit", "\uff11"), "invalid integer value: '\uff11'"),
+        (("worker", "--drain", "--poll", "1_0"), "invalid number value: '1_0'"),
+    ],
+)
+def test_a_number_option_takes_the_variables_number_rule(
+    two: Lab, args: tuple[str, ...], shown: str
+) -> None:
+    # int() and float() read other scripts' digits, "_" and padding as numbers:
+    # "fork --from \u0660" forked from step 0 and "approve t ' 0'" approved.
+    before = digest(two.root / "state.db")
+    one_line(two.cli(*args), 4, shown)
+    assert digest(two.root / "state.db") == before
+    assert task_ids(two) == ["t", "u"]
+
+
 @pytest.mark.parametrize("port", ["70000", "9" * 400, "-1"])
 def test_a_port_out_of_range_is_exit_4(two: Lab, port: str) -> None:
     one_line(two.cli("ui", "--port", port, timeout=30), 4, "--port must be 0-65535")

@@ -16,7 +16,7 @@ from ..errors import (
     VerificationFailed,
     WorkflowDiverged,
 )
-from .common import Command, open_reader, settings_of, stored_id
+from .common import Command, integer, number, open_reader, settings_of, stored_id
 from .output import findings, flush, out, printable, say, scrub
 
 
@@ -103,13 +103,13 @@ def _torture_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--args", default="[]", metavar="JSON", help="the workflow's arguments (default [])"
     )
-    p.add_argument("--kills", type=int, default=10, metavar="N", help="SIGKILLs (default 10)")
-    p.add_argument("--seed", type=int, metavar="S", help="seed of the kill schedule")
-    p.add_argument("--workers", type=int, default=1, metavar="K", help="tasks run in parallel")
+    p.add_argument("--kills", type=integer, default=10, metavar="N", help="SIGKILLs (default 10)")
+    p.add_argument("--seed", type=integer, metavar="S", help="seed of the kill schedule")
+    p.add_argument("--workers", type=integer, default=1, metavar="K", help="tasks run in parallel")
     p.add_argument("--dir", metavar="DIR", help="scratch folder (default: a new temp folder)")
     p.add_argument(
         "--pause",
-        type=float,
+        type=number,
         default=0.01,
         metavar="SECONDS",
         help="sleep at every crash point so kills land between commits (default 0.01; 0: off)",

@@ -117,6 +117,25 @@ def stored_id(text: str) -> str:
     return check_stored_id(text)
 
 
+def integer(text: str) -> int:
+    """The argparse ``type`` of a whole-number option (``--limit``, ``--from``, a
+    STEP): the number rule of the ``NINELIVES_*`` variables (ASCII digits, no
+    ``_``, no padding), which ``int`` alone does not keep (it reads ``1_0`` as
+    10 and other scripts' digits as ours)."""
+    return int(_plain_number(text))
+
+
+def number(text: str) -> float:
+    """As :func:`integer`, for an option in seconds (``--lease``, ``--poll``)."""
+    return float(_plain_number(text))
+
+
+def _plain_number(text: str) -> str:
+    if not text.isascii() or "_" in text or text != text.strip():
+        raise ValueError(text)  # argparse: "invalid integer value: '1_0'", exit 4
+    return text
+
+
 def task_arg(p: argparse.ArgumentParser, metavar: str = "TASK_ID") -> None:
     """The one positional ``TASK_ID`` of a command about a stored task."""
     p.add_argument("task_id", metavar=metavar, type=stored_id)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import Command, open_runtime, stored_or_unknown, task_arg
+from .common import Command, integer, open_runtime, stored_or_unknown, task_arg
 from .output import confirm, out
 
 
@@ -48,7 +48,7 @@ def _fork_args(p: argparse.ArgumentParser) -> None:
     task_arg(p, "TASK")
     p.add_argument("new_id", metavar="NEW_ID")
     p.add_argument(
-        "--from", dest="start", type=int, required=True, metavar="STEP",
+        "--from", dest="start", type=integer, required=True, metavar="STEP",
         help="the first step the fork runs; the steps before it are copied done",
     )  # fmt: skip
     p.add_argument("--queue", metavar="NAME", help="also enqueue the fork for workers of NAME")
@@ -73,7 +73,7 @@ def cmd_resolve(args: argparse.Namespace) -> int:
 
 def _resolve_args(p: argparse.ArgumentParser) -> None:
     task_arg(p)
-    p.add_argument("step", type=int, metavar="STEP", help="the blocked step's index")
+    p.add_argument("step", type=integer, metavar="STEP", help="the blocked step's index")
     how = p.add_mutually_exclusive_group(required=True)
     how.add_argument(
         "--done", metavar="JSON",
@@ -106,7 +106,7 @@ def cmd_approve(args: argparse.Namespace) -> int:
 
 def _approve_args(p: argparse.ArgumentParser) -> None:
     task_arg(p)
-    p.add_argument("step", type=int, metavar="STEP", help="the waiting approval step's index")
+    p.add_argument("step", type=integer, metavar="STEP", help="the waiting approval step's index")
     p.add_argument("--reject", action="store_true", help="reject: the task fails")
     p.add_argument("--note", metavar="TEXT", help="why (a rejection's note is the task's reason)")
 

@@ -9,7 +9,7 @@ import argparse
 from typing import Any
 
 from ..humanize import age
-from .common import Command, open_existing, open_reader
+from .common import Command, integer, open_existing, open_reader
 from .output import flush, json_line, on_terminal, out, printable, say, write_file
 
 
@@ -93,7 +93,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def _ls_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--status", metavar="S[,S...]", help="only tasks of these statuses")
     p.add_argument("--queue", metavar="NAME", help="only tasks of this queue")
-    p.add_argument("--limit", type=int, default=50, metavar="N", help="at most N tasks (50)")
+    p.add_argument("--limit", type=integer, default=50, metavar="N", help="at most N tasks (50)")
     p.add_argument("--json", action="store_true", help="JSON Lines even on a terminal")
 
 
@@ -154,7 +154,7 @@ def _gc_args(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument("--dry-run", action="store_true", help="list what would go; remove nothing")
     p.add_argument(
-        "--batch", type=int, default=500, metavar="N", help="tasks per transaction (500)"
+        "--batch", type=integer, default=500, metavar="N", help="tasks per transaction (500)"
     )
     p.add_argument("--json", action="store_true", help="one JSON object: counts and tasks")
 
@@ -221,7 +221,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 def _ui_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0: any free port)")
+    p.add_argument(
+        "--port", type=integer, default=8765, help="port (default 8765; 0: any free port)"
+    )
     p.add_argument(
         "--allow-remote",
         action="store_true",

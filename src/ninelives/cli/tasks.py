@@ -17,6 +17,8 @@ from . import output
 from .common import (
     QUEUE_HELP,
     Command,
+    integer,
+    number,
     open_reader,
     open_runtime,
     plural,
@@ -230,21 +232,21 @@ def _submit_args(p: argparse.ArgumentParser) -> None:
 
 def _worker_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--queue", metavar="NAME", help=QUEUE_HELP)
-    p.add_argument("--concurrency", type=int, metavar="N", help="tasks run at once (default 1)")
+    p.add_argument("--concurrency", type=integer, metavar="N", help="tasks run at once (default 1)")
     p.add_argument(
-        "--lease", type=float, metavar="SECONDS",
+        "--lease", type=number, metavar="SECONDS",
         help="a claim lapses this long after its last renewal, on the database's clock "
         "(PostgreSQL; default: $NINELIVES_LEASE or 30)",
     )  # fmt: skip
     p.add_argument(
-        "--heartbeat", type=float, metavar="SECONDS",
+        "--heartbeat", type=number, metavar="SECONDS",
         help="renew held leases this often (default: $NINELIVES_HEARTBEAT or lease/3)",
     )  # fmt: skip
     p.add_argument(
-        "--poll", type=float, metavar="SECONDS", help="look for work this often when idle (1)"
+        "--poll", type=number, metavar="SECONDS", help="look for work this often when idle (1)"
     )
     p.add_argument(
-        "--grace", type=float, metavar="SECONDS",
+        "--grace", type=number, metavar="SECONDS",
         help="on SIGTERM, let running steps finish this long before giving them up (30)",
     )  # fmt: skip
     p.add_argument(
@@ -259,7 +261,7 @@ def _worker_args(p: argparse.ArgumentParser) -> None:
         "(default: $NINELIVES_GROUP_COMMIT or off)",
     )  # fmt: skip
     p.add_argument(
-        "--group-commit-linger-ms", type=float, metavar="MS",
+        "--group-commit-linger-ms", type=number, metavar="MS",
         help="the longest a transition waits for others to join its batch "
         "(default: $NINELIVES_GROUP_COMMIT_LINGER_MS or 2)",
     )  # fmt: skip
@@ -280,7 +282,7 @@ def _status_args(p: argparse.ArgumentParser) -> None:
 def _retry_args(p: argparse.ArgumentParser) -> None:
     task_arg(p)
     p.add_argument(
-        "--step", type=int, metavar="N",
+        "--step", type=integer, metavar="N",
         help="refuse unless step N is the one that failed (a guard for scripts)",
     )  # fmt: skip
 
