@@ -186,3 +186,31 @@ def test_a_symlinked_blob_folder_is_never_swept(sqlite_lab: Lab, tmp_path: Path)
         assert "is a symlink" in lines[0], lines
     assert sorted(p.name for p in elsewhere.iterdir()) == sorted([kept, orphan])
     assert lab.cli("status", "big", "--outputs").returncode == 0  # reading it still works
+
+
+@pytest.mark.parametrize(
+    ("statement", "fails", "finding"),
+    [
+        ("ALTER TABLE steps DROP COLUMN policy", ("run", "t"), "steps lacks its column policy"),
+        ("DROP TABLE removed_tasks", ("create", "u", "plan.json"), "removed_tasks is missing"),
+    ],
+)
+def test_doctor_names_a_column_or_table_a_hand_edit_dropped(
+    sqlite_lab: Lab, statement: str, fails: tuple[str, ...], finding: str
+) -> None:
+    """quick_check passes a file whose schema lost a column or a table (a hand
+    edit), while commands fail with "no such column": doctor said "no findings"."""
+    lab = sqlite_lab
+    lab.write_plan({"goal": "g", "steps": [{"tool": "approval", "input": {"prompt": "ok?"}}]})
+    assert lab.cli("create", "t", "plan.json").returncode == 0
+    assert lab.cli("doctor").returncode == 0  # control: the same file, not edited
+    conn = sqlite3.connect(lab.root / "state.db")
+    try:
+        conn.execute(statement)
+        conn.commit()
+    finally:
+        conn.close()
+    assert lab.cli(*fails).returncode == 5
+    found = lab.cli("doctor")
+    assert found.returncode == 7, found.stderr
+    assert f"integrity: state.db: table {finding} (fix: " in found.stdout, found.stdout

@@ -264,3 +264,49 @@ def quick_check_findings(rows: list[Any]) -> list[str]:
         for line in str(row[0]).splitlines()
         if line.strip() and not line.startswith("*** in database")
     ]
+
+
+def integrity_findings(conn: Any) -> list[str]:
+    """``PRAGMA quick_check``'s findings, then :func:`missing_columns`' once the
+    file is at this version's schema (an older one lacks columns until migrated)."""
+    from .. import sql
+
+    found = quick_check_findings(conn.execute("PRAGMA quick_check").fetchall())
+    if conn.execute("PRAGMA user_version").fetchone()[0] == sql.migrations("sqlite")[-1][0]:
+        found += missing_columns(conn)
+    return found
+
+
+def missing_columns(conn: Any) -> list[str]:
+    """The columns this version's migrations make that the file lacks, as
+    findings (``steps.policy``): a hand edit ``quick_check`` cannot see, on which
+    every run fails with "no such column". Compared with the same migrations
+    applied to an empty database in memory."""
+    import sqlite3
+
+    from .. import sql
+
+    made = sqlite3.connect(":memory:")
+    try:
+        for _number, _name, path in sql.migrations("sqlite"):
+            for statement in sql.statements(path):
+                made.execute(statement)
+        wanted = {table: _columns(made, table) for table in _tables(made)}
+    finally:
+        made.close()
+    have = {table: _columns(conn, table) for table in _tables(conn)}
+    return [
+        f"table {table} lacks its column {column}" if table in have else f"table {table} is missing"
+        for table, columns in wanted.items()
+        for column in (columns if table in have else columns[:1])
+        if table not in have or column not in have[table]
+    ]
+
+
+def _tables(conn: Any) -> list[str]:
+    query = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+    return [row[0] for row in conn.execute(query)]
+
+
+def _columns(conn: Any, table: str) -> list[str]:
+    return [row[0] for row in conn.execute("SELECT name FROM pragma_table_info(?)", (table,))]

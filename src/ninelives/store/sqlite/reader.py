@@ -42,8 +42,8 @@ from .files import (
     CONTRACT_TABLES,
     header,
     header_is_wal,
+    integrity_findings,
     not_ours,
-    quick_check_findings,
     resolve,
     resolved_folder,
 )
@@ -299,12 +299,11 @@ class SQLiteReader(ReadOnly, SQLiteHousekeeping):
         return self._reading(lambda conn: blob_rows(conn, Q["blob_rows"]))
 
     def integrity_problems(self) -> list[str]:
-        """``PRAGMA quick_check`` findings; empty when the file is sound."""
+        """:func:`~.files.integrity_findings`; empty when the file is sound."""
         try:
-            rows = self._reading(lambda conn: conn.execute("PRAGMA quick_check").fetchall())
+            return self._reading(integrity_findings)
         except StoreError as exc:
             return [f"quick_check failed: {exc}"]
-        return quick_check_findings(rows)
 
     def close(self) -> None:
         """Close the connection and drop the read lock; idempotent."""

@@ -37,7 +37,7 @@ from ..rules import (
 )
 from .base import CLAIM_PAGE, Q, SQLiteBase, SQLiteTransaction, describe, lease_lost
 from .files import (
-    quick_check_findings,
+    integrity_findings,
     stored_folder,
 )
 from .text import blob_rows, rows_of_tasks, shown, utf8_rows
@@ -550,9 +550,8 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
             return blob_rows(conn, Q["blob_rows"])
 
     def integrity_problems(self) -> list[str]:
-        """``PRAGMA quick_check`` findings; empty when the file is sound."""
+        """:func:`~.files.integrity_findings`; empty when the file is sound."""
         try:
-            rows = self._conn.execute("PRAGMA quick_check").fetchall()
+            return integrity_findings(self._conn)
         except sqlite3.Error as exc:
             return [f"quick_check failed: {describe(exc)}"]
-        return quick_check_findings(rows)
