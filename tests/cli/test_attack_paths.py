@@ -6,7 +6,9 @@ traceback, and the stored state exactly as it was.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -193,3 +195,24 @@ def test_an_empty_or_dash_plan_file_says_what_to_give(sqlite_lab: Lab) -> None:
     one_line(lab.cli("create", "t", ""), 4, "PLAN_FILE is empty")
     one_line(lab.cli("create", "t", "-"), 4, "/dev/stdin")
     assert lab.files() == files  # no database made
+
+
+def test_a_fork_copying_a_missing_blob_names_its_source(seeded: Lab) -> None:
+    # The fork copies step 0's blob reference and reads its own new row back;
+    # the blob it lacks was named as "task 'copy' step 0 ... cannot be run or
+    # shown", of a task the rolled-back fork never stored ("unknown task").
+    assert seeded.cli("create", "big", "plan.json").returncode == 0
+    assert seeded.cli("run", "big", "-q", NINELIVES_BLOB_THRESHOLD="0").returncode == 0
+    conn = sqlite3.connect(seeded.root / "state.db")
+    try:
+        row = conn.execute("SELECT output FROM steps WHERE task_id = 'big' AND idx = 0").fetchone()
+    finally:
+        conn.close()
+    blob = seeded.root / "state.db.blobs" / json.loads(row[0])["$blob"]["sha256"]
+    blob.rename(seeded.root / "kept-blob")
+    before = digest(seeded.root / "state.db")
+    one_line(seeded.cli("fork", "big", "copy", "--from", "1"), 5, "task 'big' step 0", "blob")
+    assert digest(seeded.root / "state.db") == before
+    assert seeded.cli("status", "copy").returncode == 1
+    (seeded.root / "kept-blob").rename(blob)  # restored, the same fork goes through
+    assert seeded.cli("fork", "big", "copy", "--from", "1").returncode == 0

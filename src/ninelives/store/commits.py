@@ -19,7 +19,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import crashpoints, lineage
-from ..errors import LeaseLost, StoreError, TaskExists
+from ..errors import BlobDamaged, LeaseLost, StoreError, TaskExists
 from ..journal import dumps
 from ..models import EventKind, Run, Step, StepStatus, Task, TaskStatus, damaged
 from ..policy import error_data, failure_reason
@@ -213,7 +213,13 @@ def fork(
         None,
         {"source": source_id, "from": start},
     )
-    return tx.load(new_id)
+    try:
+        return tx.load(new_id)
+    except BlobDamaged as exc:
+        # A copied reference whose blob is missing is the source's damage: the
+        # fork rolls back, and its new id would name a task that never was.
+        text = str(exc).removeprefix(f"task {new_id!r}")
+        raise BlobDamaged(f"task {source_id!r}{text}", task_id=source_id, step=exc.step) from None
 
 
 def _fork_rows(
