@@ -216,3 +216,35 @@ def test_a_fork_copying_a_missing_blob_names_its_source(seeded: Lab) -> None:
     assert seeded.cli("status", "copy").returncode == 1
     (seeded.root / "kept-blob").rename(blob)  # restored, the same fork goes through
     assert seeded.cli("fork", "big", "copy", "--from", "1").returncode == 0
+
+
+def _edit_inputs(lab: Lab, task_id: str) -> None:
+    conn = sqlite3.connect(lab.root / "state.db")
+    try:
+        conn.execute('UPDATE steps SET input = \'{"path": "x"}\' WHERE task_id = ?', (task_id,))
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def test_retry_and_approve_refuse_an_edited_plan_as_run_does(sqlite_lab: Lab) -> None:
+    # Both moved the edited task on and said "'ninelives run t' resumes it",
+    # while that run refused it (exit 5): the task was left pending, or its
+    # approval journaled, for a plan nothing would run.
+    lab = sqlite_lab
+    missing = {"tool": "fetch", "input": {"path": "no-such-file"}, "max_attempts": 1}
+    lab.write_plan({"goal": "g", "steps": [missing]}, "fails.json")
+    lab.write_plan({"goal": "g", "steps": [{"tool": "approval", "input": {"prompt": "ok?"}}]})
+    assert lab.cli("create", "f", "fails.json").returncode == 0
+    assert lab.cli("run", "f", "-q").returncode == 2
+    assert lab.cli("create", "w", "plan.json").returncode == 0
+    assert lab.cli("run", "w", "-q").returncode == 8
+    for task_id in ("f", "w"):
+        _edit_inputs(lab, task_id)
+    before = digest(lab.root / "state.db")
+    one_line(lab.cli("retry", "f"), 5, "task 'f' was changed after it was created")
+    one_line(lab.cli("approve", "w", "0"), 5, "task 'w' was changed after it was created")
+    one_line(lab.cli("approve", "w", "0", "--reject"), 5, "task 'w' was changed")
+    assert digest(lab.root / "state.db") == before
+    # A task not in the state asked for is still told so first (exit 4).
+    one_line(lab.cli("retry", "w"), 4, "not failed")

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CommitUnknown, InputError, TaskExists, TaskIdRemoved
+from ..lineage import check_plan
 from ..models import (
     APPROVAL_TOOL,
     EventKind,
@@ -40,6 +41,7 @@ def decision_target(task: Task, idx: int, decision: Decision) -> TaskStatus:
             f"task {task.id!r} is {task.status.value} ({found}): only a {want} step of a "
             f"{want} task can be decided this way"
         )
+    check_plan(task)  # a decision moves the task on, to a run that would refuse it
     return TaskStatus.FAILED if decision.status is StepStatus.FAILED else TaskStatus.PENDING
 
 
@@ -112,6 +114,7 @@ def retry_target(task: Task, step: int | None) -> int:
         )
     if step is not None and step != failed[0]:
         raise InputError(f"step {step} of task {task.id!r} has not failed (step {failed[0]} has)")
+    check_plan(task)  # "run resumes it" would be false: a run refuses an edited plan
     return failed[0]
 
 

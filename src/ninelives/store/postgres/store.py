@@ -454,6 +454,7 @@ class PostgresStore(StepCommits, PostgresHousekeeping, commits.SharedCommits):
             task = self.load(conn, task_id)
             granted = grant(task) if grant is not None and step is None else None
             if granted is not None:
+                lineage.check_plan(task)
                 by, append, data = granted
                 self.append_steps(conn, task_id, run_id, by, append)
                 conn.execute(Q["retry_task"], {"id": task_id})

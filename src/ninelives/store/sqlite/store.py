@@ -493,12 +493,15 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
         def check(found: Task) -> None:
             if grant is None or step is not None or grant(found) is None:
                 retry_target(found, step)
+            else:
+                lineage.check_plan(found)
 
         with self.operator(task_id, check) as tx:
             conn, now = tx.conn, tx.now
             task = self.load(conn, task_id)
             granted = grant(task) if grant is not None and step is None else None
             if granted is not None:
+                lineage.check_plan(task)
                 by, append, data = granted
                 self._append(conn, task_id, run_id, by, append, now)
                 conn.execute(Q["retry_task"], {"id": task_id, "now": now})
