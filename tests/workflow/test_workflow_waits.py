@@ -169,3 +169,18 @@ def test_an_approval_prompt_that_cannot_be_stored_is_refused_naming_it(lab: Lab)
     status = lab.cli("status", "t", "--json").json()
     assert [(s["tool"], s["status"]) for s in status["steps"]] == [("first", "done")]
     assert status["status"] == "running"
+
+
+def test_an_approval_without_a_prompt_is_named_without_an_empty_one(sqlite_lab: Lab) -> None:
+    # ctx.approval("review") stores the prompt "": the line read "waiting for
+    # approval at step 2: ; decide with ...", an empty prompt quoted.
+    lab = sqlite_lab
+    lab.write("wflows.py", FLOWS)
+    lab.base_env["NINELIVES_TOOLS"] = "wflows"
+    assert lab.cli("create", "n", "--workflow", "anapping", "--args", "[0]").returncode == 0
+    waiting = lab.cli("run", "n", "-q")
+    assert waiting.returncode == 8, waiting
+    line = waiting.stderr.strip()
+    assert line.startswith("ninelives: error: task 'n' is waiting for approval at step "), line
+    assert ": ;" not in line, line
+    assert "; decide with 'ninelives approve n " in line, line

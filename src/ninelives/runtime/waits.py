@@ -90,7 +90,7 @@ def parked(task: Task, reason: str | None = None) -> TaskParked:
     tool = f" ({step.tool})" if step is not None else ""
     if task.status is TaskStatus.WAITING:
         prompt = step.input.get("prompt") if step is not None else None
-        said = f": {prompt}" if isinstance(prompt, str) else ""
+        said = f": {prompt}" if isinstance(prompt, str) and prompt else ""  # "" by default
         return TaskWaiting(
             f"task {task.id!r} is waiting for approval at step {idx}{said}; decide with "
             f"'ninelives approve {task.id} {idx}' or "
