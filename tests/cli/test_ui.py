@@ -392,3 +392,19 @@ def test_the_api_is_strict_json_for_an_output_an_older_version_stored_with_nan(
     data = json.loads(body, parse_constant=refuse)
     assert data["outputs"]["0"] == {"n": None, "big": [None, None, 1.5]}
     assert data["steps"][0]["status"] == "done"
+
+
+def test_the_page_number_takes_the_number_rule_of_the_options(sqlite_lab: Lab) -> None:
+    # int() read "?page=%D9%A1" (an Arabic-Indic 1), "1_0" and " 1" as numbers:
+    # the view served a page the command line's --from or --limit refuses.
+    lab = sqlite_lab
+    lab.guide_setup()
+    assert lab.cli("create", "t", "plan.json").returncode == 0
+    view = View(lab)
+    try:
+        for page in ("%D9%A1", "1_0", "%201", "%EF%BC%91"):
+            code, _, body = view.get(f"/api/tasks?page={page}")
+            assert code == 400, (page, body)
+        assert view.json("/api/tasks?page=0")["tasks"][0]["task"] == "t"
+    finally:
+        view.close()

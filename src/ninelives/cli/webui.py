@@ -204,8 +204,10 @@ def _filters(query: Mapping[str, str]) -> tuple[str | None, str | None, int]:
     queue = query.get("queue") or None
     if queue is not None:
         check_queue(queue)
+    from .common import integer  # the options' rule: int() reads "1_0" and other digits
+
     try:
-        page = int(query.get("page", "0"))
+        page = integer(query.get("page", "0"))
     except ValueError:
         raise InputError("page must be a number") from None
     if not 0 <= page <= MAX_PAGE:
