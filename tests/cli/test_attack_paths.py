@@ -248,3 +248,27 @@ def test_retry_and_approve_refuse_an_edited_plan_as_run_does(sqlite_lab: Lab) ->
     assert digest(lab.root / "state.db") == before
     # A task not in the state asked for is still told so first (exit 4).
     one_line(lab.cli("retry", "w"), 4, "not failed")
+
+
+def test_resolve_done_that_is_not_an_object_names_what_was_given(sqlite_lab: Lab) -> None:
+    # A person's --done '[1]' was refused as "the tool returned list, not a
+    # JSON object (a dict)": no tool had returned anything.
+    lab = sqlite_lab
+    lab.guide_setup()
+    fetch = {"tool": "fetch", "input": {"path": "input/notes.txt"}, "on_unknown": "refuse"}
+    lab.write_plan({"goal": "g", "steps": [fetch]})
+    assert lab.cli("create", "t", "plan.json").returncode == 0
+    assert lab.cli("run", "t", AGENT_CRASH_AT="after_effect:0").returncode == -9
+    assert lab.cli("run", "t", "-q").returncode == 8
+    before = digest(lab.root / "state.db")
+    for given, kind in (
+        ("[1]", "an array"),
+        ('"x"', "a string"),
+        ("null", "null"),
+        ("1", "a number"),
+    ):
+        result = lab.cli("resolve", "t", "0", "--done", given)
+        one_line(result, 4, "--done must be a JSON object", f"got {kind}")
+        assert "tool" not in result.stderr
+    assert digest(lab.root / "state.db") == before
+    assert lab.cli("resolve", "t", "0", "--done", "{}").returncode == 0

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 ON_REJECT = "on_reject"
 ANSWER = "answer"
 
+#: What ``--done`` holds when it is not an object, in JSON's own words.
+_JSON_KIND = {list: "an array", str: "a string", int: "a number", float: "a number",
+              bool: "a boolean", type(None): "null"}  # fmt: skip
+
 
 def resolve(
     store: Store,
@@ -48,6 +52,12 @@ def resolve(
             value = json.loads(done, object_pairs_hook=unique_keys)  # a key twice: ambiguous
         except (ValueError, RecursionError) as exc:  # too deep for the decoder, too
             raise InputError(f"--done is not JSON: {exc}") from None
+        if not isinstance(value, dict):
+            # A person gave it: "the tool returned list" named no tool of theirs.
+            kind = _JSON_KIND.get(type(value), type(value).__name__)
+            raise InputError(
+                f"--done must be a JSON object ({{...}}), the step's output; got {kind}"
+            )
         try:
             output = encode_output(value, *(() if max_output is None else (max_output,)))
         except OutputRefused as exc:
