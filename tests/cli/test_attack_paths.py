@@ -272,3 +272,69 @@ def test_resolve_done_that_is_not_an_object_names_what_was_given(sqlite_lab: Lab
         assert "tool" not in result.stderr
     assert digest(lab.root / "state.db") == before
     assert lab.cli("resolve", "t", "0", "--done", "{}").returncode == 0
+
+
+def test_resolve_done_over_the_blob_threshold_is_stored_as_a_blob(sqlite_lab: Lab) -> None:
+    # A person's output went into the row whatever its size, past the
+    # threshold meant to keep the database file small.
+    lab = sqlite_lab
+    lab.guide_setup()
+    fetch = {"tool": "fetch", "input": {"path": "input/notes.txt"}, "on_unknown": "refuse"}
+    lab.write_plan({"goal": "g", "steps": [fetch]})
+    assert lab.cli("create", "t", "plan.json").returncode == 0
+    assert lab.cli("run", "t", AGENT_CRASH_AT="after_effect:0").returncode == -9
+    assert lab.cli("run", "t", "-q").returncode == 8
+    big = json.dumps({"text": "y" * 5000})
+    blobs = lab.root / "state.db.blobs"
+    before = sorted(p.name for p in blobs.iterdir()) if blobs.exists() else []
+    small = {"NINELIVES_BLOB_THRESHOLD": "1000"}
+    one_line(lab.cli("resolve", "t", "1", "--done", big, **small), 4, "no such step")
+    assert (sorted(p.name for p in blobs.iterdir()) if blobs.exists() else []) == before
+    assert lab.cli("resolve", "t", "0", "--done", big, **small).returncode == 0
+    conn = sqlite3.connect(lab.root / "state.db")
+    try:
+        (row,) = conn.execute("SELECT output FROM steps WHERE task_id = 't'").fetchone()
+    finally:
+        conn.close()
+    assert len(row) < 1000, row[:100]
+    assert set(json.loads(row)) == {"$blob"}
+    shown = lab.cli("status", "t", "--outputs", "--json").json()
+    assert shown["steps"][0]["output"] == json.loads(big)
+    assert lab.cli("run", "t", "-q").returncode == 0
+    assert lab.cli("verify", "t").returncode == 0
+    assert lab.cli("doctor").returncode == 0
+
+
+PROBED = """
+from ninelives.tools import tool
+
+
+def find(step_input, ctx):
+    return {"found": "z" * 5000}
+
+
+@tool("probed", on_unknown="probe", probe=find)
+def probed(step_input, ctx):
+    return {"ran": True}
+"""
+
+
+def test_a_probe_answer_over_the_blob_threshold_is_stored_as_a_blob(sqlite_lab: Lab) -> None:
+    # The probe's answer is the step's output: it went into the row whatever
+    # its size, as resolve --done's did, while a tool's own went to a blob.
+    lab = sqlite_lab
+    lab.write("probing.py", PROBED)
+    lab.write_plan({"goal": "g", "steps": [{"tool": "probed", "input": {}}]})
+    small = {"NINELIVES_BLOB_THRESHOLD": "1000", "NINELIVES_TOOLS": "probing"}
+    assert lab.cli("create", "t", "plan.json", **small).returncode == 0
+    assert lab.cli("run", "t", AGENT_CRASH_AT="after_effect:0", **small).returncode == -9
+    assert lab.cli("run", "t", "-q", **small).returncode == 0
+    conn = sqlite3.connect(lab.root / "state.db")
+    try:
+        (row,) = conn.execute("SELECT output FROM steps WHERE task_id = 't'").fetchone()
+    finally:
+        conn.close()
+    assert set(json.loads(row)) == {"$blob"}, row[:100]
+    shown = lab.cli("status", "t", "--outputs", "--json").json()
+    assert shown["steps"][0]["output"] == {"found": "z" * 5000}
+    assert lab.cli("verify", "t").returncode == 0

@@ -60,7 +60,7 @@ def cmd_resolve(args: argparse.Namespace) -> int:
     with open_runtime(args, create=False) as rt:
         task = resolve(
             rt.store, args.task_id, args.step, done=args.done, retry=args.retry,
-            max_output=rt.settings.max_output,
+            max_output=rt.settings.max_output, blob_threshold=rt.settings.blob_threshold,
         )  # fmt: skip
     what = "done with the output given" if args.done is not None else "pending, to run again"
     confirm(

@@ -14,7 +14,7 @@ from ..journal import encode_output, storable
 from ..models import APPROVAL_TOOL, EventKind, StepStatus, Task
 from ..names import check_stored_id, new_run_id
 from ..plan import unique_keys
-from ..store import Decision
+from ..store import Decision, decision_target
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -36,6 +36,7 @@ def resolve(
     done: str | None = None,
     retry: bool = False,
     max_output: int | None = None,
+    blob_threshold: int | None = None,
 ) -> Task:
     """``ninelives resolve``: a person states the outcome of blocked step ``idx``.
 
@@ -43,6 +44,7 @@ def resolve(
     step ``done`` with it; ``retry`` puts it back to ``pending`` to run again.
     Either way ``step_resolved`` is journaled and the task becomes ``pending``.
     :class:`InputError` (nothing changed) for bad JSON or a step not blocked.
+    An output over ``blob_threshold`` bytes is stored as a blob, as a tool's is.
     """
     check_stored_id(task_id)
     if (done is None) == (not retry):
@@ -62,6 +64,8 @@ def resolve(
             output = encode_output(value, *(() if max_output is None else (max_output,)))
         except OutputRefused as exc:
             raise InputError(f"--done {exc}") from None
+        if blob_threshold is not None:
+            output = _out_of_row(store, task_id, idx, output, blob_threshold)
         decision = Decision(
             expect=StepStatus.BLOCKED, status=StepStatus.DONE, kind=EventKind.STEP_RESOLVED,
             data={"outcome": "done"}, output=output,
@@ -72,6 +76,18 @@ def resolve(
             data={"outcome": "retry"},
         )  # fmt: skip
     return store.decide_step(task_id, new_run_id(), idx, decision)
+
+
+def _out_of_row(store: Store, task_id: str, idx: int, output: str, threshold: int) -> str:
+    """``output`` as its commit stores it; a blob is written only for a step the
+    decision then finds blocked, so bad input leaves the blob folder as it was."""
+    from .steps import out_of_row
+
+    if len(output.encode("utf-8")) <= threshold:
+        return output
+    said = Decision(StepStatus.BLOCKED, StepStatus.DONE, EventKind.STEP_RESOLVED, data={})
+    decision_target(store.get_task(task_id), idx, said)
+    return out_of_row(store, threshold, output, f"{task_id}-{idx}")
 
 
 def approve(

@@ -191,20 +191,12 @@ class StepRunner:
         return follow
 
     def out_of_row(self, run: Run, step: Step, encoded: str) -> str:
-        """The text to commit as the step's output: ``encoded`` itself, or, when it
-        is over the blob threshold, the reference to a blob stored durably now,
-        before the ``done`` commit that will refer to it."""
+        """:func:`out_of_row` of the step's output, before its ``done`` commit."""
         threshold = self.settings.blob_threshold
-        if len(encoded) <= threshold // 4:  # at most 4 bytes per character: surely small
-            return encoded
-        data = encoded.encode("utf-8")
-        if len(data) <= threshold:
-            return encoded
-        from ..journal import dumps as canonical
-
-        ref = self.store.blobs.put([data], tag=f"{run.task_id}-{step.idx}")
-        crashpoints.crash("blob_before_reference", step.idx)
-        return canonical(ref.as_json())
+        stored = out_of_row(self.store, threshold, encoded, f"{run.task_id}-{step.idx}")
+        if stored is not encoded:
+            crashpoints.crash("blob_before_reference", step.idx)
+        return stored
 
     def attempt(
         self,
@@ -389,3 +381,17 @@ def _appended(task_id: str, after: int, follow: Continuation) -> list[Step]:
         )
         for idx, (tool, given, policy) in enumerate(follow.append, start=after + 1)
     ]
+
+
+def out_of_row(store: Store, threshold: int, encoded: str, tag: str) -> str:
+    """The text to commit as a step's output: ``encoded`` itself, or, when it is
+    over the blob threshold, the reference to a blob stored durably now, before
+    the commit that will refer to it. Every output takes this way: a tool's, a
+    probe's answer, ``resolve --done``. ``tag`` names a blob's temporary file."""
+    if len(encoded) <= threshold // 4:  # at most 4 bytes per character: surely small
+        return encoded
+    data = encoded.encode("utf-8")
+    if len(data) <= threshold:
+        return encoded
+    ref = store.blobs.put([data], tag=tag)
+    return dumps(ref.as_json())

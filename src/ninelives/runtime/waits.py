@@ -133,6 +133,11 @@ def settle_probed(rt: Waiter, run: Run, step: Step, output: str | None, block: s
     happened), pending again (neither), or parked with ``block`` (it could not
     tell), which raises :class:`TaskBlocked`. Run again past the recovery
     limit, the step fails its task instead: :class:`TaskFailed`."""
+    if output is not None:
+        from .steps import out_of_row
+
+        tag = f"{run.task_id}-{step.idx}"
+        output = out_of_row(rt.store, rt.settings.blob_threshold, output, tag)
     crashpoints.crash("probe_answered", step.idx)
     worn = rt.store.settle_step(
         run, step.idx, output=output, block=block, max_recoveries=rt.settings.max_recoveries
