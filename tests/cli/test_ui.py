@@ -408,3 +408,28 @@ def test_the_page_number_takes_the_number_rule_of_the_options(sqlite_lab: Lab) -
         assert view.json("/api/tasks?page=0")["tasks"][0]["task"] == "t"
     finally:
         view.close()
+
+
+def test_the_api_answers_its_errors_in_json(sqlite_lab: Lab) -> None:
+    # A script reading /api/tasks/ID with a JSON parser got an HTML page for an
+    # unknown task, a bad filter or a damaged task: "Expecting value", not why.
+    lab = sqlite_lab
+    lab.guide_setup()
+    assert lab.cli("create", "t", "plan.json").returncode == 0
+    view = View(lab)
+    try:
+        for path, code, words in (
+            ("/api/tasks/nope", 404, "unknown task 'nope'"),
+            ("/api/tasks/..%2f..", 400, "invalid task id"),
+            ("/api/tasks?status=nope", 400, "unknown status 'nope'"),
+            ("/api/nothing", 404, "no page at /api/nothing"),
+        ):
+            got, kind, body = view.get(path)
+            assert (got, kind) == (code, "application/json"), (path, body)
+            assert json.loads(body) == {"error": json.loads(body)["error"], "status": code}
+            assert words in json.loads(body)["error"], body
+        # The pages a browser opens keep their HTML errors.
+        got, kind, _ = view.get("/task/nope")
+        assert (got, kind) == (404, "text/html; charset=utf-8")
+    finally:
+        view.close()

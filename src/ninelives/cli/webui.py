@@ -173,6 +173,11 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200, "application/json", body)
 
     def _error(self, code: int, message: str) -> None:
+        if urlsplit(self.path).path.startswith("/api/"):
+            # A script reads the API with a JSON parser: its errors too.
+            said = json.dumps({"error": message, "status": code}, sort_keys=True)
+            self._send(code, "application/json", said.encode())
+            return
         page = f"<!DOCTYPE html><title>{code}</title><p>{_e(message)}</p>"
         self._send(code, "text/html; charset=utf-8", page.encode())
 
