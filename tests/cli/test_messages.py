@@ -27,11 +27,12 @@ def one_line(result: Result, code: int) -> str:
     return lines[0]
 
 
-def test_verify_says_what_to_give(sqlite_lab: Lab) -> None:
-    neither = one_line(sqlite_lab.cli("verify"), 4)
+@pytest.mark.parametrize("command", ["verify", "replay-check"])
+def test_a_check_says_what_to_give(sqlite_lab: Lab, command: str) -> None:
+    neither = one_line(sqlite_lab.cli(command), 4)
     assert "give a TASK or --all" in neither
-    assert "not both" not in neither
-    both = one_line(sqlite_lab.cli("verify", "t", "--all"), 4)
+    assert "not both" not in neither  # replay-check said "not both" to neither
+    both = one_line(sqlite_lab.cli(command, "t", "--all"), 4)
     assert "not both" in both
 
 

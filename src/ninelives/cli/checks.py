@@ -20,15 +20,20 @@ from .common import Command, integer, number, open_reader, settings_of, stored_i
 from .output import findings, flush, out, printable, say, scrub
 
 
+def _one_target(args: argparse.Namespace, command: str) -> None:
+    """A TASK or ``--all``: neither, or both, is bad input that says which."""
+    if (args.task_id is None) != args.all:
+        which = ", not both" if args.all else ""
+        raise InputError(f"give a TASK or --all{which} (see 'ninelives {command} --help')")
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     from ..settings import Settings
     from ..store import MissingStore
     from ..verify import verify_store
 
     settings = Settings.from_env()
-    if (args.task_id is None) != args.all:
-        which = ", not both" if args.all else ""
-        raise InputError(f"give a TASK or --all{which} (see 'ninelives verify --help')")
+    _one_target(args, "verify")
     if args.artifacts == "":  # a script's unset variable: never the working directory
         raise InputError("--artifacts is empty: name the folder the tasks publish to")
     if args.artifacts is not None and os.path.exists(args.artifacts):
@@ -124,8 +129,7 @@ def cmd_replay_check(args: argparse.Namespace) -> int:
     from ..runtime.workflows import replay_check
     from ..tools.builtin import default_registry
 
-    if (args.task_id is None) != args.all:
-        raise InputError("give a TASK or --all, not both (see 'ninelives replay-check --help')")
+    _one_target(args, "replay-check")
     settings = settings_of(args)
     default_registry(settings)  # imports the --tools modules: their workflows
     finished = (TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.CANCELLED)
