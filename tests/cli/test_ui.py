@@ -210,6 +210,25 @@ def test_it_is_read_only_and_answers_only_its_own_name(lab: Lab, view_of: Any) -
     assert lab.fingerprint("t", "f", "q") == before
 
 
+@pytest.mark.parametrize("method", ["OPTIONS", "TRACE", "BREW"])
+def test_a_method_it_has_no_handler_for_gets_the_views_own_headers(
+    lab: Lab, view_of: Any, method: str
+) -> None:
+    """The server's built-in error page (501 for a method it does not know) had
+    neither the Content-Security-Policy nor no-store of every other answer."""
+    _tasks(lab)
+    view = view_of()
+    request = urllib.request.Request(view.base + "api/tasks", method=method)
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code in (405, 501)
+    headers = refused.value.headers
+    refused.value.close()
+    assert headers["Content-Security-Policy"], dict(headers)
+    assert headers["Cache-Control"] == "no-store"
+    assert headers["X-Content-Type-Options"] == "nosniff"
+
+
 def test_other_hosts_need_an_explicit_flag(lab: Lab) -> None:
     lab.guide_setup()
     assert lab.cli("create", "t", "plan.json").returncode == 0

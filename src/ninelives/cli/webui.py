@@ -123,6 +123,13 @@ class Handler(BaseHTTPRequestHandler):
 
     do_PUT = do_DELETE = do_PATCH = do_POST
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The server's own errors (a method without a handler: 501, a request
+        line it cannot parse: 400) with the headers of every other answer."""
+        self.close_connection = True
+        said = message or self.responses.get(code, ("",))[0]
+        self._send(code, "text/plain; charset=utf-8", f"{code} {said}\n".encode())
+
     def log_message(self, format: str, *args: Any) -> None:
         pass  # a local viewer: no access log on the terminal
 
