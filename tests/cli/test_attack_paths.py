@@ -14,22 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from errorlines import one_line
 from ninelives.testing import Lab, Result
 
 #: A folder named in Latin-1 on a UTF-8 system: ``café`` as the bytes
 #: ``caf\xe9``, which Python hands over as a lone surrogate.
 LATIN1 = os.fsdecode(b"caf\xe9")
-
-
-def one_line(result: Result, code: int, *words: str) -> None:
-    """Exit ``code``, one ``ninelives: error:`` line holding ``words``, no traceback."""
-    assert result.returncode == code, result
-    assert "Traceback" not in result.stderr, result.stderr
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("ninelives: error: "), result.stderr
-    for word in words:
-        assert word in lines[0], lines[0]
 
 
 def digest(path: Path) -> str:

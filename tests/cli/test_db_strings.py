@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import ninelives
+from errorlines import one_line
 from ninelives.store import is_postgres_url
 from ninelives.store.conninfo import redact_url
 from ninelives.testing import Lab, Result
@@ -26,15 +27,6 @@ from ninelives.testing.lab import cli_command
 SECRET = "s3cr3t-Pw"
 #: A port nothing listens on: the connection is refused at once, offline.
 CLOSED = "host=127.0.0.1 port=1 connect_timeout=2"
-
-
-def one_line(result: Result, code: int) -> str:
-    assert result.returncode == code, result
-    assert "Traceback" not in result.stderr, result.stderr
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("ninelives: error: "), lines
-    return lines[0]
 
 
 @pytest.mark.parametrize(

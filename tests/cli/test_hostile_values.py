@@ -18,20 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from ninelives.testing import Lab, Result
+from errorlines import one_line
+from ninelives.testing import Lab
 
 APPROVAL = {"tool": "approval", "input": {"prompt": "ok?"}}
-
-
-def one_line(result: Result, code: int, *words: str) -> None:
-    """Exit ``code``, one ``ninelives: error:`` line holding ``words``, no traceback."""
-    assert result.returncode == code, result
-    assert "Traceback" not in result.stderr, result.stderr
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("ninelives: error: "), result.stderr
-    for word in words:
-        assert word in lines[0], lines[0]
 
 
 def sql(lab: Lab, statement: str) -> None:

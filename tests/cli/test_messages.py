@@ -14,17 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from ninelives.testing import Lab, Result
+from errorlines import one_line
+from ninelives.testing import Lab
 from ninelives.testing.iofault import SmallDiskUnavailable, small_disk
-
-
-def one_line(result: Result, code: int) -> str:
-    assert result.returncode == code, result
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("ninelives: error: "), lines
-    return lines[0]
 
 
 @pytest.mark.parametrize("command", ["verify", "replay-check"])
