@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from .blobs import escape, needs_escape
+from .blobs import Blobs, escape, needs_escape
 from .errors import OutputRefused
 from .models import MAX_DEPTH, Event, EventKind, StepStatus, Task, nested_deeper
 
@@ -134,6 +134,19 @@ def encode_output(output: Any, max_bytes: int = MAX_OUTPUT_BYTES) -> str:
             f"{max_bytes} bytes (NINELIVES_MAX_OUTPUT)"
         )
     return text
+
+
+def out_of_row(blobs: Blobs, threshold: int, encoded: str, tag: str) -> str:
+    """The text to commit as a step's output: ``encoded`` itself, or, when it is
+    over the blob threshold, the reference to a blob stored durably now, before
+    the commit that will refer to it. Every output takes this way: a tool's, a
+    probe's answer, ``resolve --done``. ``tag`` names a blob's temporary file."""
+    if len(encoded) <= threshold // 4:  # at most 4 bytes per character: surely small
+        return encoded
+    data = encoded.encode("utf-8")
+    if len(data) <= threshold:
+        return encoded
+    return dumps(blobs.put([data], tag=tag).as_json())
 
 
 def error_text(exc: BaseException) -> str:

@@ -10,7 +10,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError, OutputRefused
-from ..journal import encode_output, storable
+from ..journal import encode_output, out_of_row, storable
 from ..models import APPROVAL_TOOL, EventKind, StepStatus, Task
 from ..names import check_stored_id, new_run_id
 from ..plan import unique_keys
@@ -81,13 +81,11 @@ def resolve(
 def _out_of_row(store: Store, task_id: str, idx: int, output: str, threshold: int) -> str:
     """``output`` as its commit stores it; a blob is written only for a step the
     decision then finds blocked, so bad input leaves the blob folder as it was."""
-    from .steps import out_of_row
-
     if len(output.encode("utf-8")) <= threshold:
         return output
     said = Decision(StepStatus.BLOCKED, StepStatus.DONE, EventKind.STEP_RESOLVED, data={})
     decision_target(store.get_task(task_id), idx, said)
-    return out_of_row(store, threshold, output, f"{task_id}-{idx}")
+    return out_of_row(store.blobs, threshold, output, f"{task_id}-{idx}")
 
 
 def approve(

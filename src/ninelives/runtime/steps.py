@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from .. import crashpoints
 from ..errors import CommitUnknown, PlanError, TaskCancelled, TaskFailed
 from ..humanize import duration
-from ..journal import dumps, encode_output
+from ..journal import dumps, encode_output, out_of_row
 from ..models import AGENT_TOOL, APPROVAL_TOOL, Run, Step, StepProgress, StepStatus, Task
 from ..policy import (
     USER_ERRORS,
@@ -193,7 +193,7 @@ class StepRunner:
     def out_of_row(self, run: Run, step: Step, encoded: str) -> str:
         """:func:`out_of_row` of the step's output, before its ``done`` commit."""
         threshold = self.settings.blob_threshold
-        stored = out_of_row(self.store, threshold, encoded, f"{run.task_id}-{step.idx}")
+        stored = out_of_row(self.store.blobs, threshold, encoded, f"{run.task_id}-{step.idx}")
         if stored is not encoded:
             crashpoints.crash("blob_before_reference", step.idx)
         return stored
@@ -381,17 +381,3 @@ def _appended(task_id: str, after: int, follow: Continuation) -> list[Step]:
         )
         for idx, (tool, given, policy) in enumerate(follow.append, start=after + 1)
     ]
-
-
-def out_of_row(store: Store, threshold: int, encoded: str, tag: str) -> str:
-    """The text to commit as a step's output: ``encoded`` itself, or, when it is
-    over the blob threshold, the reference to a blob stored durably now, before
-    the commit that will refer to it. Every output takes this way: a tool's, a
-    probe's answer, ``resolve --done``. ``tag`` names a blob's temporary file."""
-    if len(encoded) <= threshold // 4:  # at most 4 bytes per character: surely small
-        return encoded
-    data = encoded.encode("utf-8")
-    if len(data) <= threshold:
-        return encoded
-    ref = store.blobs.put([data], tag=tag)
-    return dumps(ref.as_json())

@@ -34,7 +34,7 @@ from ..errors import (
     TaskParked,
     TaskWaiting,
 )
-from ..journal import clean_error, encode_output, error_text
+from ..journal import clean_error, encode_output, error_text, out_of_row
 from ..models import Run, Step, StepStatus, Task, TaskStatus
 from ..store import REFUSE_REASON
 
@@ -134,10 +134,8 @@ def settle_probed(rt: Waiter, run: Run, step: Step, output: str | None, block: s
     tell), which raises :class:`TaskBlocked`. Run again past the recovery
     limit, the step fails its task instead: :class:`TaskFailed`."""
     if output is not None:
-        from .steps import out_of_row
-
         tag = f"{run.task_id}-{step.idx}"
-        output = out_of_row(rt.store, rt.settings.blob_threshold, output, tag)
+        output = out_of_row(rt.store.blobs, rt.settings.blob_threshold, output, tag)
     crashpoints.crash("probe_answered", step.idx)
     worn = rt.store.settle_step(
         run, step.idx, output=output, block=block, max_recoveries=rt.settings.max_recoveries
