@@ -240,16 +240,22 @@ def test_retry_and_approve_refuse_an_edited_plan_as_run_does(sqlite_lab: Lab) ->
     one_line(lab.cli("retry", "w"), 4, "not failed")
 
 
-def test_resolve_done_that_is_not_an_object_names_what_was_given(sqlite_lab: Lab) -> None:
-    # A person's --done '[1]' was refused as "the tool returned list, not a
-    # JSON object (a dict)": no tool had returned anything.
-    lab = sqlite_lab
+def _blocked(lab: Lab) -> None:
+    """Task ``t``: its one step (``on_unknown: refuse``) killed after its effect,
+    then blocked by the next run, for ``resolve`` to decide."""
     lab.guide_setup()
     fetch = {"tool": "fetch", "input": {"path": "input/notes.txt"}, "on_unknown": "refuse"}
     lab.write_plan({"goal": "g", "steps": [fetch]})
     assert lab.cli("create", "t", "plan.json").returncode == 0
     assert lab.cli("run", "t", AGENT_CRASH_AT="after_effect:0").returncode == -9
     assert lab.cli("run", "t", "-q").returncode == 8
+
+
+def test_resolve_done_that_is_not_an_object_names_what_was_given(sqlite_lab: Lab) -> None:
+    # A person's --done '[1]' was refused as "the tool returned list, not a
+    # JSON object (a dict)": no tool had returned anything.
+    lab = sqlite_lab
+    _blocked(lab)
     before = digest(lab.root / "state.db")
     for given, kind in (
         ("[1]", "an array"),
@@ -268,12 +274,7 @@ def test_resolve_done_over_the_blob_threshold_is_stored_as_a_blob(sqlite_lab: La
     # A person's output went into the row whatever its size, past the
     # threshold meant to keep the database file small.
     lab = sqlite_lab
-    lab.guide_setup()
-    fetch = {"tool": "fetch", "input": {"path": "input/notes.txt"}, "on_unknown": "refuse"}
-    lab.write_plan({"goal": "g", "steps": [fetch]})
-    assert lab.cli("create", "t", "plan.json").returncode == 0
-    assert lab.cli("run", "t", AGENT_CRASH_AT="after_effect:0").returncode == -9
-    assert lab.cli("run", "t", "-q").returncode == 8
+    _blocked(lab)
     big = json.dumps({"text": "y" * 5000})
     blobs = lab.root / "state.db.blobs"
     before = sorted(p.name for p in blobs.iterdir()) if blobs.exists() else []
