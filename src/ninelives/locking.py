@@ -182,7 +182,7 @@ def open_lock_file(path: str) -> int:
     except OSError as exc:
         raise StoreError(f"cannot make the lock folder {folder}: {exc.strerror}") from None
     try:
-        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        dir_fd = open_lock_folder(folder)  # a symlink or a file: named as such
     except OSError as exc:
         raise StoreError(f"lock folder {folder} cannot be used: {exc.strerror}") from None
     try:
