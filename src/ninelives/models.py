@@ -195,7 +195,7 @@ class Task(NamedTuple):
             checked(created_at, "time", "created_at")
             checked(updated_at, "time", "updated_at")
             checked(artifacts, "text?", "artifacts")
-            checked(lease_epoch, "integer?", "lease_epoch")
+            checked(lease_epoch, "epoch?", "lease_epoch")
         except (ValueError, TypeError) as exc:
             raise damaged(task_id, "task", exc) from exc
         return cls(
@@ -312,9 +312,22 @@ def damaged(task_id: str, where: str, exc: Exception) -> DamagedTask:
 MAX_TIMESTAMP = 1e11
 
 
+#: The largest lease epoch a row may hold: a claim adds one, and one more than
+#: this is past SQLite's and PostgreSQL's integers (SQLite made it a float).
+MAX_EPOCH = 2**63 - 2
+
+#: How a ``TypeError`` of :func:`checked` names each kind.
+_KINDS = {
+    "text": "text",
+    "integer": "an integer",
+    "time": "a time",
+    "epoch": "an epoch below 2**63 - 1 (a claim adds one to it)",
+}
+
+
 def checked(value: Any, kind: str, column: str) -> Any:
     """``value`` of a stored ``column`` if it is of ``kind`` (``text``, ``integer``,
-    ``time``; ``?`` after it: or NULL), else ``TypeError`` naming the column.
+    ``time``, ``epoch``; ``?`` after it: or NULL), else ``TypeError`` naming the column.
 
     SQLite keeps any value in any column (a BLOB in ``goal``, text or 1e308
     in a time, as edited by hand): checked once here, as rows are read, so no
@@ -326,11 +339,13 @@ def checked(value: Any, kind: str, column: str) -> Any:
         ok = type(value) is str
     elif kind == "integer":
         ok = type(value) is int
+    elif kind == "epoch":
+        ok = type(value) is int and 0 <= value <= MAX_EPOCH
     else:  # a time: a finite number a date can be made of (NaN fails both tests)
         ok = type(value) in (int, float) and -MAX_TIMESTAMP <= value <= MAX_TIMESTAMP
     if not ok:
         shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-        raise TypeError(f"column {column!r} holds {shown}, not a {kind}")
+        raise TypeError(f"column {column!r} holds {shown}, not {_KINDS[kind]}")
     return value
 
 
