@@ -206,8 +206,10 @@ class Session:
         return conn
 
     def _connection(self) -> Conn:
+        """The runner's session, made again (holder locks and all) when it broke
+        or when the server ended it while idle (:meth:`_ended_while_idle`)."""
         conn = self._conn
-        if conn is None or conn.closed or conn.broken:
+        if conn is None or conn.closed or conn.broken or self._ended_while_idle(conn):
             self._drop()
             conn = self._conn = self._connect()
             self._relock(conn)
@@ -366,7 +368,6 @@ class Session:
         fence = "fenced" if self._fencing else "fenced_unchecked"
         query = f"WITH fenced AS (\n{Q[fence]}\n),\n{Q[name]}"
         conn = self._connection()
-        self._check_idle(conn)
         try:
             return conn.execute(query, params)
         except psycopg.Error as exc:
@@ -381,11 +382,15 @@ class Session:
         finally:
             self._refusals = []
 
-    def _check_idle(self, conn: Conn) -> None:
-        """StoreError, with nothing sent, if the server has closed this idle session
-        (a restart, a terminated backend): its last words wait unread on the socket.
-        Found here, the statement never left, so its outcome is known (as a
-        pipelined BEGIN finds it); found after sending, it would be unknown."""
+    @staticmethod
+    def _ended_while_idle(conn: Conn) -> bool:
+        """Whether the server has closed this idle session (a restart, a terminated
+        backend): its last words wait unread on the socket. Found before a
+        statement, nothing was sent, so the statement goes on a new session (the
+        fence still decides whether the lease is ours); found after sending, its
+        outcome would be unknown. A session inside a transaction is not looked at."""
+        if conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            return False
         try:
             # libpq reads the server's FATAL while idle as a notice; the close
             # follows it, maybe a moment later: so once anything came unasked
@@ -395,12 +400,9 @@ class Session:
                 if not select.select([conn.pgconn.socket], [], [], wait)[0]:
                     break
                 conn.pgconn.consume_input()
-        except (OSError, psycopg.Error) as exc:
-            self._drop()
-            raise StoreError(f"database {self._shown}: {self._why(exc)}") from exc
-        if conn.pgconn.status != pq.ConnStatus.OK:
-            self._drop()
-            raise StoreError(f"database {self._shown}: the server closed the connection")
+        except (OSError, psycopg.Error):
+            return True
+        return conn.pgconn.status != pq.ConnStatus.OK
 
     def refusal(self, make: Callable[[], Exception]) -> str:
         """A token for a statement of this transaction that the server fails
