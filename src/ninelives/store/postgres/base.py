@@ -55,6 +55,18 @@ def _say(exc: BaseException, scrub: Callable[[str], str] = str) -> str:
     return scrub(" ".join(str(exc).split()) or type(exc).__name__)
 
 
+def rolled_back(exc: BaseException, conn: Conn) -> bool:
+    """Whether ``exc`` is the server's ERROR on a session that lives on: a statement
+    of the transaction, or its COMMIT, failed, so it committed nothing. No answer
+    (a cut link) or a FATAL that ends the session leaves a COMMIT's outcome unknown."""
+    return (
+        isinstance(exc, psycopg.Error)
+        and exc.sqlstate is not None
+        and exc.diag.severity_nonlocalized == "ERROR"
+        and not (conn.broken or conn.closed)
+    )
+
+
 def scalar(conn: Conn, query: str, params: dict[str, Any]) -> Any:
     row = conn.execute(query, params).fetchone()
     if row is None:
@@ -342,9 +354,10 @@ class Session:
         except BaseException as exc:
             self._checks = []
             refused = self._refused(exc)
-            # An error the server reported for a statement before COMMIT (a
-            # refusal, a duplicate key) skipped the COMMIT: nothing committed.
-            known = refused is not None or isinstance(exc, pg_errors.UniqueViolation)
+            # An error the server reported for a statement (a refusal, a
+            # duplicate key, a read-only session) skipped the COMMIT, or the
+            # COMMIT itself failed: nothing committed either way.
+            known = refused is not None or rolled_back(exc, conn)
             if committing and not known:
                 self._drop()  # whatever the session's state, it is not to be trusted
             else:
@@ -354,7 +367,7 @@ class Session:
             if isinstance(exc, pg_errors.UniqueViolation):
                 raise
             if isinstance(exc, psycopg.Error):
-                raise self._translate(exc, committing=committing) from exc
+                raise self._translate(exc, committing=committing and not known) from exc
             raise
         finally:
             self._pipe = None
@@ -374,7 +387,7 @@ class Session:
             refused = self._refused(exc)
             if refused is not None:
                 raise refused from exc
-            if exc.sqlstate is None or conn.broken or conn.closed:
+            if not rolled_back(exc, conn):
                 # No answer from the server: the statement may have committed.
                 self._drop()
                 raise self._translate(exc, committing=True) from exc
