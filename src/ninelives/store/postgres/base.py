@@ -134,7 +134,12 @@ class Heartbeat:
             with store._mutex:
                 leases = [lease for lease in self._leases.values() if not lease.lost]
             try:
-                if conn is None or conn.closed or conn.broken:
+                # A session the server ended while idle (a restart, an
+                # idle_session_timeout shorter than the beat) is replaced before
+                # the renewal, not found dead by it: a lost beat shortens the lease.
+                if conn is None or conn.closed or conn.broken or store._ended_while_idle(conn):
+                    if conn is not None:
+                        conn.close()
                     locked = set()
                     conn = store._connect()
                 self._unlock_ended(conn, locked, {(le.run.task_id, le.run.epoch) for le in leases})
