@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 from fleet import Fleet
 
+from errorlines import one_line
 from ninelives.store.conninfo import redact_url, secrets_of
 from ninelives.testing import Lab, Result
 from pgcluster import PgCluster, PgServer, free_port, running_cluster
@@ -103,6 +104,28 @@ def test_an_unusable_url_never_shows_its_password(tmp_path: Path, form: str) -> 
         assert result.returncode == 5, result
         assert result.stderr.count("\n") == 1, result.stderr
         assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("scheme", ["postgresql+psycopg", "POSTGRESQL", "Postgres", "mysql"])
+@pytest.mark.parametrize("how", ["--db", "NINELIVES_DB"])
+def test_a_url_of_a_scheme_not_taken_is_refused_without_its_password(
+    tmp_path: Path, scheme: str, how: str
+) -> None:
+    """A URL of a scheme ninelives does not take (SQLAlchemy's ``postgresql+psycopg``,
+    as an application's DATABASE_URL holds it; a scheme in capitals, which libpq
+    refuses; another database's) was read as a SQLite file name, and every
+    command printed it, password and all ("database folder does not exist:
+    postgresql+psycopg://someone:Pl4ntedZq9Wk@..."). It is refused, exit 5,
+    naming the URLs taken, with its password masked; nothing is created."""
+    url = f"{scheme}://someone:{PASSWORD}@127.0.0.1:{free_port()}/nothing"
+    lab = Lab(tmp_path / "lab", db="state.db" if how == "NINELIVES_DB" else url)
+    if how == "NINELIVES_DB":
+        lab.argv = lambda args: [*lab.command, *args]  # type: ignore[method-assign]
+    results = every_command(lab, NINELIVES_DB=url)
+    assert leaks(results) == []
+    for result in results:
+        one_line(result, 5, "postgresql://", "sqlite:///")
+    assert sorted(p.name for p in lab.root.iterdir()) == ["input", "plan.json"]
 
 
 def test_the_secrets_cover_every_piece() -> None:
