@@ -128,6 +128,27 @@ def test_a_url_of_a_scheme_not_taken_is_refused_without_its_password(
     assert sorted(p.name for p in lab.root.iterdir()) == ["input", "plan.json"]
 
 
+@pytest.mark.parametrize("scheme", ["postgresql", "postgresql+psycopg", "POSTGRESQL", "mysql"])
+def test_a_url_given_where_a_task_id_goes_never_shows_its_password(
+    tmp_path: Path, scheme: str
+) -> None:
+    """The last scrub before the terminal masks the password of any URL the command
+    was given, whatever its scheme: a URL pasted where a task id goes is echoed
+    in the error ("unknown task '...'") with its password masked."""
+    lab = Lab(tmp_path / "lab", db="state.db")
+    lab.guide_setup()
+    url = f"{scheme}://someone:{PASSWORD}@db.example/nothing"
+    results = [
+        lab.cli("status", url),
+        lab.cli("export", url),
+        lab.cli("create", url, "plan.json"),
+        lab.cli("--db", "state.db", "run", url),
+    ]
+    assert leaks(results) == []
+    assert [r.returncode for r in results] == [1, 1, 4, 1], results
+    assert all("someone:***@db.example" in r.stderr for r in results), results
+
+
 def test_the_secrets_cover_every_piece() -> None:
     for form in ("userinfo", "query", "slash", "question", "at", "bad_escape", "bad_param"):
         url = with_password("postgresql://u@h:5432/db", form)
