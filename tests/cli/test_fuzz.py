@@ -284,7 +284,7 @@ URLS = st.builds(
         f"{scheme}://u:{password if not quote else urllib.parse.quote(password, safe='')}"
         f"@{CLOSED[0]}:{CLOSED[1]}/db{query}"
     ),
-    st.sampled_from(["postgresql", "postgres"]),
+    st.sampled_from(["postgresql", "postgres", "postgresql+psycopg", "POSTGRESQL"]),
     PASSWORDS.filter(lambda p: not set(p) & set("/?#@")),  # raw: libpq would read a host in it
     st.booleans(),
     st.sampled_from(["", "?sslmode=disable", f"?password={PASSWORD}", "?connect_timeout=x"]),

@@ -199,6 +199,28 @@ def test_a_damaged_blob_is_an_error_naming_task_and_step(
     assert "task 't1' step 1" in problems[0], problems
 
 
+@pytest.mark.parametrize("how", ["missing", "corrupt", "flipped"])
+def test_a_writer_of_content_whose_stored_copy_is_damaged_stores_it_again(
+    open_: Opener,  # noqa: F811
+    how: str,
+) -> None:
+    """A blob is named by its content. A writer finding that name stored but
+    damaged (its chunks gone, a byte changed) stores its own bytes over it, as a
+    damaged blob file is replaced: its task reads back, and so does the older
+    one. PostgreSQL kept the damaged chunks and referred to them: every new task
+    with that output was damaged too, and no run could repair it."""
+    store = open_()
+    _run(store, "t1", ["big"])
+    ref = blobs.row_ref(_rows(store, "t1")[0])
+    assert ref is not None
+    _damage(store, ref.sha256, how)
+    _run(store, "t2", ["big"])
+    assert blobs.row_ref(_rows(store, "t2")[0]) == ref
+    assert store.get_task("t2").steps[0].output == OUTPUTS["big"]
+    assert store.get_task("t1").steps[0].output == OUTPUTS["big"]
+    assert blobs.check(store) == []
+
+
 def test_a_damaged_blob_stops_a_run_before_it_writes(open_: Opener) -> None:  # noqa: F811
     store = open_()
     rt = Runtime(store, settings=Settings(blob_threshold=THRESHOLD), tools=_tools(OUTPUTS))

@@ -188,3 +188,29 @@ def test_an_expired_lease_another_runner_took_is_not_renewed(pg_database: str) -
     finally:
         holder.close()
         other.close()
+
+
+def test_a_session_timeout_shorter_than_the_heartbeat_does_not_lapse_the_lease(
+    fleet: Fleet, pg_database: str
+) -> None:
+    """The server ends sessions idle for 1 s (``idle_session_timeout``, as a managed
+    server may), and the heartbeat beats every 2 s of a 3 s lease: each beat finds
+    its session ended. It must renew on a new session then, not fail and reconnect
+    only at the next beat (one renewal in 4 s: the lease lapsed under a live
+    holder, the second worker took the task and ran its effect alongside)."""
+    sep = "&" if "?" in pg_database else "?"
+    url = f"{pg_database}{sep}options=-c%20idle_session_timeout%3D1000"
+    flags = ("--lease", "3", "--heartbeat", "2", "--poll", "0.05")
+    workers = [fleet.start(*flags, db=url, AGENT_STEP_DELAY="8") for _ in range(2)]
+    for worker in workers:
+        worker.wait_for("started", timeout=60)
+    fleet.store.create_task("t", plan_from_dict(ONE_STEP), queue="default")
+    events = fleet.wait_events(
+        "t", lambda ev: has("task_done")(ev) or has("run_started", count=2)(ev), timeout=90
+    )
+    _stop(workers)
+    claims = [row for w in workers for row in w.actions("claimed")]
+    assert len(claims) == 1, [w.log() for w in workers]
+    assert len(run_ids(events)) == 1
+    assert [w.actions("lease_lost") for w in workers] == [[], []]
+    assert journal_problems(fleet.events("t")) == []

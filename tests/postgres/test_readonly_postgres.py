@@ -8,6 +8,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from errorlines import one_line
 from ninelives.errors import StoreError
 from ninelives.store import open_store
 from ninelives.testing import Lab
@@ -80,3 +81,26 @@ def test_a_newer_schema_is_refused_by_readers(pg_database: str) -> None:
         )
     with pytest.raises(StoreError, match="newer"):
         open_store(pg_database, readonly=True)
+
+
+def test_a_database_the_server_keeps_read_only_refuses_writes_as_known_failures(
+    tmp_path: Path, pg_database: str
+) -> None:
+    """A database whose sessions are read-only (a hot standby after a failover,
+    ``default_transaction_read_only``): the server refuses the first write, so
+    the transaction committed nothing. That is exit 5, the database cannot be
+    written, not exit 6's "whether task 'u' was stored is unknown"."""
+    lab = Lab(tmp_path, db=pg_database)
+    lab.guide_setup()
+    assert lab.cli("create", "t", "plan.json").returncode == 0
+    name = pg_database.rsplit("/", 1)[1]
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        conn.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+    before = lab.fingerprint("t")
+    for args in (("create", "u", "plan.json"), ("submit", "v", "plan.json")):
+        line = one_line(lab.cli(*args), 5, "read-only transaction")
+        assert "unknown" not in line
+    one_line(lab.cli("fork", "t", "w", "--from", "0"), 5, "read-only transaction")
+    assert lab.fingerprint("t") == before
+    for task_id in ("u", "v", "w"):
+        one_line(lab.cli("status", task_id), 1, "unknown task")

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 from fleet import Fleet
 
+from errorlines import one_line
 from ninelives.store.conninfo import redact_url, secrets_of
 from ninelives.testing import Lab, Result
 from pgcluster import PgCluster, PgServer, free_port, running_cluster
@@ -103,6 +104,49 @@ def test_an_unusable_url_never_shows_its_password(tmp_path: Path, form: str) -> 
         assert result.returncode == 5, result
         assert result.stderr.count("\n") == 1, result.stderr
         assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("scheme", ["postgresql+psycopg", "POSTGRESQL", "Postgres", "mysql"])
+@pytest.mark.parametrize("how", ["--db", "NINELIVES_DB"])
+def test_a_url_of_a_scheme_not_taken_is_refused_without_its_password(
+    tmp_path: Path, scheme: str, how: str
+) -> None:
+    """A URL of a scheme ninelives does not take (SQLAlchemy's ``postgresql+psycopg``,
+    as an application's DATABASE_URL holds it; a scheme in capitals, which libpq
+    refuses; another database's) was read as a SQLite file name, and every
+    command printed it, password and all ("database folder does not exist:
+    postgresql+psycopg://someone:Pl4ntedZq9Wk@..."). It is refused, exit 5,
+    naming the URLs taken, with its password masked; nothing is created."""
+    url = f"{scheme}://someone:{PASSWORD}@127.0.0.1:{free_port()}/nothing"
+    lab = Lab(tmp_path / "lab", db="state.db" if how == "NINELIVES_DB" else url)
+    if how == "NINELIVES_DB":
+        lab.argv = lambda args: [*lab.command, *args]  # type: ignore[method-assign]
+    results = every_command(lab, NINELIVES_DB=url)
+    assert leaks(results) == []
+    for result in results:
+        one_line(result, 5, "postgresql://", "sqlite:///")
+    assert sorted(p.name for p in lab.root.iterdir()) == ["input", "plan.json"]
+
+
+@pytest.mark.parametrize("scheme", ["postgresql", "postgresql+psycopg", "POSTGRESQL", "mysql"])
+def test_a_url_given_where_a_task_id_goes_never_shows_its_password(
+    tmp_path: Path, scheme: str
+) -> None:
+    """The last scrub before the terminal masks the password of any URL the command
+    was given, whatever its scheme: a URL pasted where a task id goes is echoed
+    in the error ("unknown task '...'") with its password masked."""
+    lab = Lab(tmp_path / "lab", db="state.db")
+    lab.guide_setup()
+    url = f"{scheme}://someone:{PASSWORD}@db.example/nothing"
+    results = [
+        lab.cli("status", url),
+        lab.cli("export", url),
+        lab.cli("create", url, "plan.json"),
+        lab.cli("--db", "state.db", "run", url),
+    ]
+    assert leaks(results) == []
+    assert [r.returncode for r in results] == [1, 1, 4, 1], results
+    assert all("someone:***@db.example" in r.stderr for r in results), results
 
 
 def test_the_secrets_cover_every_piece() -> None:

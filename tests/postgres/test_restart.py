@@ -133,3 +133,45 @@ def _expiry(cluster: PgCluster, fleet: Fleet) -> float:
     with psycopg.connect(cluster.url(db), autocommit=True) as conn:
         row = conn.execute("SELECT lease_expires_at FROM tasks WHERE id = 't'").fetchone()
     return float(row[0]) if row and row[0] is not None else 0.0
+
+
+SLOW_TOOL = """
+import time
+
+from ninelives.tools import tool
+
+
+@tool("slow_effect")
+def slow_effect(step_input, ctx, idem_key):
+    with open("effects.log", "a", encoding="utf-8") as log:
+        log.write(idem_key + "\\n")
+    time.sleep(step_input["seconds"])
+    return {"key": idem_key}
+"""
+
+
+@pytest.mark.parametrize("delay", ["0", "5"])
+def test_a_restart_under_a_step_neither_stops_the_run_nor_repeats_the_effect(
+    fleet: Fleet, cluster: PgCluster, delay: str
+) -> None:
+    """A restart while the tool runs (``delay`` 0), or while the run waits before
+    it (5), ends the run's idle session. Its next statement (the done commit, the
+    lease check) has not left yet and the lease is still its own, so it goes on a
+    new session: the run finishes, and the effect happened once, not twice."""
+    lab = fleet.lab
+    lab.write("slowtools.py", SLOW_TOOL)
+    lab.write_plan({"goal": "slow", "steps": [{"tool": "slow_effect", "input": {"seconds": 5}}]})
+    assert lab.cli("--tools", "slowtools", "create", "s", "plan.json").returncode == 0
+    run = lab.spawn("--tools", "slowtools", "run", "s", AGENT_STEP_DELAY=delay)
+    fresh(fleet)
+    fleet.wait_events("s", has("step_started", 0), timeout=60)
+    fresh(fleet)
+    cluster.restart()
+    _, err = run.communicate(timeout=120)
+    fresh(fleet)
+    assert (run.returncode, err.count("ninelives: error")) == (0, 0), err
+    kinds = [e.kind for e in fleet.events("s")]
+    assert (kinds.count("step_started"), kinds.count("step_recovered")) == (1, 0), kinds
+    assert kinds[-1] == "task_done"
+    effects = (lab.root / "effects.log").read_text(encoding="utf-8").split()
+    assert effects == ["s-0"]

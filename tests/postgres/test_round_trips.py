@@ -153,7 +153,8 @@ def test_a_session_the_server_closed_while_idle_is_no_unknown_outcome(
     """A step's transition is one statement in autocommit, so an error after it
     left would be an unknown outcome (CommitUnknown, the runner stops). A session
     the server ended while it was idle (a restart, a terminated backend) is found
-    before anything is sent: a plain StoreError, and the next call reconnects."""
+    before anything is sent: the statement goes on a new session, the lease still
+    ours, and the holder lock is taken again there."""
     import select
 
     import psycopg
@@ -163,10 +164,13 @@ def test_a_session_the_server_closed_while_idle_is_no_unknown_outcome(
     conn = store._connection()
     with psycopg.connect(pg_database, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
-    assert select.select([conn.pgconn.socket], [], [], 10)[0]  # its last words arrived
-    with pytest.raises(StoreError) as caught:
-        store.start_step(run, 0, "fetch")
-    assert type(caught.value) is StoreError
-    assert store.start_step(run, 0, "fetch") == 1  # a new session, the lease still ours
+        assert select.select([conn.pgconn.socket], [], [], 10)[0]  # its last words arrived
+        assert store.start_step(run, 0, "fetch") == 1
+        assert store._connection() is not conn
+        locks = admin.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = %s",
+            (store._connection().info.backend_pid,),
+        ).fetchone()
+        assert locks == (1,)
     store.finish_step(run, 0, "fetch", "{}", last=False)
     store.end_run(run)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -94,8 +95,8 @@ def scrub(text: str) -> str:
 
 
 def redactor(argv: Sequence[str]) -> Callable[[str], str]:
-    """A scrubber for the passwords of every PostgreSQL URL (or libpq keyword
-    string) this command was given.
+    """A scrubber for the passwords of every URL (or libpq keyword string) this
+    command was given.
 
     The store already keeps them out of its messages; this is the last line
     before the terminal, for anything that echoes its input (a URL given
@@ -103,9 +104,10 @@ def redactor(argv: Sequence[str]) -> Callable[[str], str]:
     """
     urls = []
     for text in (*argv, os.environ.get("NINELIVES_DB", "")):
-        at = max(text.find("postgresql://"), text.find("postgres://"))
-        if at >= 0:
-            urls.append(text[at:])
+        # Any scheme: a URL ninelives does not take (postgresql+psycopg://) has one too.
+        found = re.search(r"[A-Za-z][A-Za-z0-9+.-]*://", text) if "://" in text else None
+        if found is not None:
+            urls.append(text[found.start() :])
         elif "=" in text:  # perhaps a libpq keyword string (host=... password=...)
             from ..store.conninfo import is_keyword_string
 

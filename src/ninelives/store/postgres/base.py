@@ -55,6 +55,18 @@ def _say(exc: BaseException, scrub: Callable[[str], str] = str) -> str:
     return scrub(" ".join(str(exc).split()) or type(exc).__name__)
 
 
+def rolled_back(exc: BaseException, conn: Conn) -> bool:
+    """Whether ``exc`` is the server's ERROR on a session that lives on: a statement
+    of the transaction, or its COMMIT, failed, so it committed nothing. No answer
+    (a cut link) or a FATAL that ends the session leaves a COMMIT's outcome unknown."""
+    return (
+        isinstance(exc, psycopg.Error)
+        and exc.sqlstate is not None
+        and exc.diag.severity_nonlocalized == "ERROR"
+        and not (conn.broken or conn.closed)
+    )
+
+
 def scalar(conn: Conn, query: str, params: dict[str, Any]) -> Any:
     row = conn.execute(query, params).fetchone()
     if row is None:
@@ -122,7 +134,12 @@ class Heartbeat:
             with store._mutex:
                 leases = [lease for lease in self._leases.values() if not lease.lost]
             try:
-                if conn is None or conn.closed or conn.broken:
+                # A session the server ended while idle (a restart, an
+                # idle_session_timeout shorter than the beat) is replaced before
+                # the renewal, not found dead by it: a lost beat shortens the lease.
+                if conn is None or conn.closed or conn.broken or store._ended_while_idle(conn):
+                    if conn is not None:
+                        conn.close()
                     locked = set()
                     conn = store._connect()
                 self._unlock_ended(conn, locked, {(le.run.task_id, le.run.epoch) for le in leases})
@@ -206,8 +223,10 @@ class Session:
         return conn
 
     def _connection(self) -> Conn:
+        """The runner's session, made again (holder locks and all) when it broke
+        or when the server ended it while idle (:meth:`_ended_while_idle`)."""
         conn = self._conn
-        if conn is None or conn.closed or conn.broken:
+        if conn is None or conn.closed or conn.broken or self._ended_while_idle(conn):
             self._drop()
             conn = self._conn = self._connect()
             self._relock(conn)
@@ -340,9 +359,10 @@ class Session:
         except BaseException as exc:
             self._checks = []
             refused = self._refused(exc)
-            # An error the server reported for a statement before COMMIT (a
-            # refusal, a duplicate key) skipped the COMMIT: nothing committed.
-            known = refused is not None or isinstance(exc, pg_errors.UniqueViolation)
+            # An error the server reported for a statement (a refusal, a
+            # duplicate key, a read-only session) skipped the COMMIT, or the
+            # COMMIT itself failed: nothing committed either way.
+            known = refused is not None or rolled_back(exc, conn)
             if committing and not known:
                 self._drop()  # whatever the session's state, it is not to be trusted
             else:
@@ -352,7 +372,7 @@ class Session:
             if isinstance(exc, pg_errors.UniqueViolation):
                 raise
             if isinstance(exc, psycopg.Error):
-                raise self._translate(exc, committing=committing) from exc
+                raise self._translate(exc, committing=committing and not known) from exc
             raise
         finally:
             self._pipe = None
@@ -366,14 +386,13 @@ class Session:
         fence = "fenced" if self._fencing else "fenced_unchecked"
         query = f"WITH fenced AS (\n{Q[fence]}\n),\n{Q[name]}"
         conn = self._connection()
-        self._check_idle(conn)
         try:
             return conn.execute(query, params)
         except psycopg.Error as exc:
             refused = self._refused(exc)
             if refused is not None:
                 raise refused from exc
-            if exc.sqlstate is None or conn.broken or conn.closed:
+            if not rolled_back(exc, conn):
                 # No answer from the server: the statement may have committed.
                 self._drop()
                 raise self._translate(exc, committing=True) from exc
@@ -381,11 +400,15 @@ class Session:
         finally:
             self._refusals = []
 
-    def _check_idle(self, conn: Conn) -> None:
-        """StoreError, with nothing sent, if the server has closed this idle session
-        (a restart, a terminated backend): its last words wait unread on the socket.
-        Found here, the statement never left, so its outcome is known (as a
-        pipelined BEGIN finds it); found after sending, it would be unknown."""
+    @staticmethod
+    def _ended_while_idle(conn: Conn) -> bool:
+        """Whether the server has closed this idle session (a restart, a terminated
+        backend): its last words wait unread on the socket. Found before a
+        statement, nothing was sent, so the statement goes on a new session (the
+        fence still decides whether the lease is ours); found after sending, its
+        outcome would be unknown. A session inside a transaction is not looked at."""
+        if conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            return False
         try:
             # libpq reads the server's FATAL while idle as a notice; the close
             # follows it, maybe a moment later: so once anything came unasked
@@ -395,12 +418,9 @@ class Session:
                 if not select.select([conn.pgconn.socket], [], [], wait)[0]:
                     break
                 conn.pgconn.consume_input()
-        except (OSError, psycopg.Error) as exc:
-            self._drop()
-            raise StoreError(f"database {self._shown}: {self._why(exc)}") from exc
-        if conn.pgconn.status != pq.ConnStatus.OK:
-            self._drop()
-            raise StoreError(f"database {self._shown}: the server closed the connection")
+        except (OSError, psycopg.Error):
+            return True
+        return conn.pgconn.status != pq.ConnStatus.OK
 
     def refusal(self, make: Callable[[], Exception]) -> str:
         """A token for a statement of this transaction that the server fails

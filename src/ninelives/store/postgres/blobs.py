@@ -6,7 +6,9 @@ commit that refers to it: its chunks are inserted under a temporary key while
 they are hashed (one chunk in memory at a time), then either renamed to the
 hash with a ``blobs`` row, or dropped when that content is already stored
 (whose ``created_at`` is then refreshed, so that a sweep spares it; the row
-lock orders the two, so a blob is never swept under a writer that found it). A writer
+lock orders the two, so a blob is never swept under a writer that found it).
+Content found stored is checked first: damaged (chunks lost or changed), it is
+replaced by the writer's chunks, as a damaged blob file is on SQLite. A writer
 killed mid-way leaves nothing: its transaction rolls back. Blob writes are not
 fenced: they change no task's state, and a blob nobody refers to is swept.
 """
@@ -88,11 +90,26 @@ class TableBlobs:
                 n += 1
             ref = BlobRef(digest.hexdigest(), size)
             new = conn.execute(Q["blob_insert"], ref._asdict()).fetchone()
-            if new is not None and new[0]:
-                conn.execute(Q["blob_chunks_rename"], {"key": key, "sha256": ref.sha256})
-            else:
-                conn.execute(Q["blob_chunks_drop"], {"key": key})
+            if new is None or not new[0]:
+                if self._intact(conn, ref):
+                    conn.execute(Q["blob_chunks_drop"], {"key": key})
+                    return ref
+                # Stored but damaged (chunks lost or changed): these bytes are
+                # what its name says, so they replace it, as a damaged blob file is.
+                conn.execute(Q["blob_chunks_drop"], {"key": ref.sha256})
+            conn.execute(Q["blob_chunks_rename"], {"key": key, "sha256": ref.sha256})
         return ref
+
+    def _intact(self, conn: Conn, ref: BlobRef) -> bool:
+        """Whether the chunks stored under ``ref`` hold what its name says."""
+        import hashlib
+
+        digest = hashlib.sha256()
+        size = 0
+        for chunk in TableBlobs(self._session, conn)._raw(ref.sha256):
+            digest.update(chunk)
+            size += len(chunk)
+        return (digest.hexdigest(), size) == (ref.sha256, ref.size)
 
     def chunks(self, ref: BlobRef) -> Iterator[bytes]:
         import hashlib
