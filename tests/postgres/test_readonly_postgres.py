@@ -104,3 +104,21 @@ def test_a_database_the_server_keeps_read_only_refuses_writes_as_known_failures(
     assert lab.fingerprint("t") == before
     for task_id in ("u", "v", "w"):
         one_line(lab.cli("status", task_id), 1, "unknown task")
+
+
+def test_a_database_holding_another_applications_tasks_table_is_not_ours(
+    tmp_path: Path, pg_database: str
+) -> None:
+    # Another application's `tasks` (an id of another type): doctor advised
+    # "doctor --fix (migrates it)", which then failed on a foreign key, and
+    # create failed the same way. It is refused as SQLite refuses such a file.
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        conn.execute("CREATE TABLE tasks (id INTEGER PRIMARY KEY, title TEXT)")
+        conn.execute("INSERT INTO tasks VALUES (1, 'theirs')")
+    lab = Lab(tmp_path, db=pg_database)
+    lab.guide_setup()
+    for args in (("doctor",), ("doctor", "--fix"), ("create", "t", "plan.json"), ("ls",)):
+        one_line(lab.cli(*args), 5, "is not a ninelives database", "tasks")
+    assert tables(pg_database) == ["tasks"]
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        assert conn.execute("SELECT id, title FROM tasks").fetchall() == [(1, "theirs")]

@@ -491,8 +491,15 @@ class Session:
         try:
             exists = conn.execute(Q["schema_exists"]).fetchone()
             version = conn.execute(Q["schema_version"]).fetchone() if exists and exists[0] else None
+            theirs = [] if version else conn.execute(Q["contract_tables"]).fetchall()
         except psycopg.Error as exc:
             raise StoreError(f"cannot use {self._shown}: {self._why(exc)}") from exc
+        if theirs:  # tables of ours by name, but no schema of ours: another application's
+            raise StoreError(
+                f"{self._shown} is not a ninelives database (it has a "
+                f"{', '.join(r[0] for r in theirs)} table but no ninelives_schema); "
+                "nothing was changed"
+            )
         current = int(version[0]) if version else 0
         if current > latest:
             raise StoreError(

@@ -319,6 +319,13 @@ SELECT seq, ts, task_id, run_id, kind, step_idx, data FROM events WHERE task_id 
 -- name: schema_exists
 SELECT to_regclass('ninelives_schema') IS NOT NULL;
 
+-- name: contract_tables
+-- The contract's tables found where a database without ninelives' schema table
+-- holds them: another application's, never migrated over.
+SELECT name FROM unnest(ARRAY['tasks', 'steps', 'events']) AS name
+WHERE to_regclass(quote_ident(name)) IS NOT NULL
+ORDER BY name;
+
 -- name: schema_table
 CREATE TABLE IF NOT EXISTS ninelives_schema (
     version INTEGER PRIMARY KEY,
