@@ -5,13 +5,15 @@ then answers with what they returned. Every model call and every tool
 execution appends a line to ``$NOTES_LOG``; ``post_note`` publishes
 ``notes/<idem_key>.txt`` once. ``NOTES_DURABLE=0`` leaves the agent unwrapped
 (the negative control); ``NOTES_APPROVE=1`` makes ``post_note``
-``needs_approval=True``. The SDK loads only when a workflow runs.
+``needs_approval=True``; ``NOTES_SLOW`` seconds delay its effect and ``NOTES_TIMEOUT``
+bounds its calls. The SDK loads only when a workflow runs.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,14 @@ def log(line: str) -> None:
         f.write(line + "\n")
         f.flush()
         os.fsync(f.fileno())
+
+
+def policies() -> dict[str, Any]:
+    """``post_note``'s step policy: ``$NOTES_TIMEOUT`` seconds, two attempts, no wait."""
+    timeout = os.environ.get("NOTES_TIMEOUT")
+    if not timeout:
+        return {}
+    return {"post_note": {"timeout": float(timeout), "max_attempts": 2, "backoff": False}}
 
 
 def build() -> Any:
@@ -89,12 +99,15 @@ def build() -> Any:
         step = ninelives.current_step()
         key = step.idem_key if step is not None else "plain"
         log(f"tool:post_note {key}")
+        time.sleep(float(os.environ.get("NOTES_SLOW", "0")))
         os.makedirs("notes", exist_ok=True)
         publish_once("notes", f"{key}.txt", text.encode())
         return {"posted": key}
 
     agent = Agent(name="notes", model=Scripted(), tools=[read_note, post_note])
-    return durable(agent) if os.environ.get("NOTES_DURABLE", "1") != "0" else agent
+    return (
+        durable(agent, tools=policies()) if os.environ.get("NOTES_DURABLE", "1") != "0" else agent
+    )
 
 
 def run_config() -> Any:
