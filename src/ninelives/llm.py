@@ -339,7 +339,7 @@ class _HttpEngine:
             # Numbered when the wire has no id: stable for this reply, which is
             # committed with the turn, so the next turn answers the same ids.
             call_id = call.get("id") if isinstance(call.get("id"), str) else f"call_{n}"
-            calls.append(_call(call_id, function["name"], arguments, problem))
+            calls.append(_call(whole(call_id), whole(function["name"]), arguments, problem))
         return tuple(calls)
 
     @staticmethod
@@ -371,10 +371,10 @@ class OllamaEngine(_HttpEngine):
         if not isinstance(text, str):
             raise self._fail("the reply's message content is not text")
         return Reply(
-            text=text,
+            text=whole(text),
             tool_calls=self._calls(message.get("tool_calls")),
             engine=self.name,
-            model=str(reply.get("model") or self.model),
+            model=whole(str(reply.get("model") or self.model)),
             input_tokens=self._count(reply.get("prompt_eval_count")),
             output_tokens=self._count(reply.get("eval_count")),
             ms=ms,
@@ -408,10 +408,10 @@ class OpenAIEngine(_HttpEngine):
             raise self._fail("the reply's message content is not text")
         usage = reply.get("usage") if isinstance(reply.get("usage"), dict) else {}
         return Reply(
-            text=text,
+            text=whole(text),
             tool_calls=self._calls(message.get("tool_calls")),
             engine=self.name,
-            model=str(reply.get("model") or self.model),
+            model=whole(str(reply.get("model") or self.model)),
             input_tokens=self._count(usage.get("prompt_tokens")),
             output_tokens=self._count(usage.get("completion_tokens")),
             ms=ms,
@@ -461,6 +461,18 @@ def _to_ollama(message: Mapping[str, Any]) -> dict[str, Any]:
     if message["role"] == "tool" and message.get("name"):
         out["tool_name"] = message["name"]
     return out
+
+
+def whole(text: str) -> str:
+    """``text`` with each lone surrogate a reply escaped (``"\\ud83d"``: half an
+    emoji) replaced by U+FFFD: no store can hold one, and a turn whose output
+    cannot be stored is asked again, paid again, at every attempt. Arguments
+    keep theirs: such arguments are that call's error, which the model reads."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
 
 
 def _decode_arguments(raw: str) -> tuple[Any, str]:

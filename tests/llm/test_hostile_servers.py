@@ -24,7 +24,7 @@ from ninelives.exchange import redact, snippet
 from ninelives.llm import MAX_REPLY_BYTES, EngineConfig, open_engine
 from ninelives.settings import Settings
 from ninelives.testing import Lab
-from ninelives.testing.fakellm import HUGE_BYTES, FakeModelServer, fake_model_server
+from ninelives.testing.fakellm import HUGE_BYTES, FakeModelServer, Turn, fake_model_server
 from ninelives.tools.builtin import make_summarize
 
 SECRET = "sk-planted-secret-5678901234567890"
@@ -136,6 +136,19 @@ def test_summarize_with_ollama_fails_its_step_on_a_huge_reply(lab: Lab) -> None:
     [error] = [e["error"] for e in lab.snapshot("t").events if e["kind"] == "step_error"]
     assert f"larger than {MAX_REPLY_BYTES} bytes" in error
     assert lab.cli("verify", "t").returncode == 0
+
+
+
+def test_summarize_with_ollama_keeps_half_an_emoji_as_a_replacement(lab: Lab) -> None:
+    """A summary with an escaped lone surrogate is stored with U+FFFD, asked once."""
+    lab.guide_setup()
+    assert lab.cli("create", "t", "plan.json").returncode == 0
+    with fake_model_server(Turn(text="Three lines \ud83d")) as fake:
+        ran = lab.cli("run", "t", AGENT_LLM="ollama", OLLAMA_URL=fake.url)
+        assert fake.count("/api/generate") == 1, ran.stderr
+    assert ran.returncode == 0, ran.stderr
+    [summary] = [o for o in lab.snapshot("t").outputs.values() if "summary" in o]
+    assert summary == {"summary": "Three lines \ufffd", "engine": "ollama"}
 
 
 # -- the API key ------------------------------------------------------------------
