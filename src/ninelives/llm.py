@@ -146,6 +146,13 @@ class EngineConfig:
                 f"{self.engine}: NINELIVES_LLM_URL must not hold credentials "
                 "(put the key in NINELIVES_LLM_API_KEY)"
             )
+        if not all("!" <= c <= "~" for c in self.api_key):
+            # Sent as a header, which http.client refuses, naming the key, at every attempt.
+            raise InputError(
+                f"{self.engine}: NINELIVES_LLM_API_KEY must be printable ASCII without spaces: it "
+                "holds a space, a line break (a key read from a file may end with one) or a "
+                "character beyond ASCII (the key is not shown)"
+            )
         if not self.allow_remote and not is_loopback(parts.hostname):
             raise InputError(
                 f"{self.engine}: {shown} is not on this machine; set NINELIVES_LLM_ALLOW_REMOTE=1 "
