@@ -141,6 +141,7 @@ class EngineConfig:
             raise InputError(
                 f"{self.engine}: NINELIVES_LLM_URL must be an http(s) URL, got {shown!r}"
             )
+        self._check_url_form(parts)
         if parts.username is not None or parts.password is not None:
             raise InputError(
                 f"{self.engine}: NINELIVES_LLM_URL must not hold credentials "
@@ -160,6 +161,28 @@ class EngineConfig:
             )
         if not self.model:
             raise InputError(f"{self.engine}: set NINELIVES_LLM_MODEL (or 'model' in the plan)")
+
+    def _check_url_form(self, parts: Any) -> None:
+        """Refuse a base URL no request can use as it is: a port that is not one,
+        whitespace or a control character, a query or fragment (the engine's path
+        is appended to the URL, after them). Each failed every attempt."""
+        shown = public_url(self.url)
+        try:
+            parts.port  # noqa: B018 - a property that raises on a bad port
+        except ValueError:
+            raise InputError(
+                f"{self.engine}: NINELIVES_LLM_URL has no valid port (1-65535): {shown!r}"
+            ) from None
+        if any(c.isspace() or not c.isprintable() for c in self.url):
+            raise InputError(
+                f"{self.engine}: NINELIVES_LLM_URL must hold no space, line break or control "
+                f"character: {shown!r}"
+            )
+        if parts.query or parts.fragment or "?" in self.url or "#" in self.url:
+            raise InputError(
+                f"{self.engine}: NINELIVES_LLM_URL must hold no query or fragment ('?', '#'): "
+                "the engine appends its path (/chat/completions, /api/chat) to it"
+            )
 
 
 def is_loopback(host: str) -> bool:
