@@ -5,8 +5,9 @@ then answers with what they returned. Every model call and every tool
 execution appends a line to ``$NOTES_LOG``; ``post_note`` publishes
 ``notes/<idem_key>.txt`` once. ``NOTES_DURABLE=0`` leaves the agent unwrapped
 (the negative control); ``NOTES_APPROVE=1`` makes ``post_note``
-``needs_approval=True``; ``NOTES_SLOW`` seconds delay its effect and ``NOTES_TIMEOUT``
-bounds its calls. The SDK loads only when a workflow runs.
+``needs_approval=True``; ``NOTES_SLOW`` seconds delay its effect, ``NOTES_TIMEOUT``
+bounds its calls and ``NOTES_REFUSE=1`` refuses to guess its outcome. The SDK loads
+only when a workflow runs.
 """
 
 from __future__ import annotations
@@ -29,11 +30,15 @@ def log(line: str) -> None:
 
 
 def policies() -> dict[str, Any]:
-    """``post_note``'s step policy: ``$NOTES_TIMEOUT`` seconds, two attempts, no wait."""
+    """``post_note``'s step policy: ``$NOTES_TIMEOUT`` seconds, two attempts, no wait;
+    ``NOTES_REFUSE=1``: ``on_unknown: refuse``."""
+    policy: dict[str, Any] = {}
+    if os.environ.get("NOTES_REFUSE") == "1":
+        policy["on_unknown"] = "refuse"
     timeout = os.environ.get("NOTES_TIMEOUT")
-    if not timeout:
-        return {}
-    return {"post_note": {"timeout": float(timeout), "max_attempts": 2, "backoff": False}}
+    if timeout:
+        policy.update(timeout=float(timeout), max_attempts=2, backoff=False)
+    return {"post_note": policy} if policy else {}
 
 
 def build() -> Any:

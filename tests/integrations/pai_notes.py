@@ -6,8 +6,9 @@ every tool execution appends a line to ``$NOTES_LOG``, so a test counts what
 ran; ``post_note`` publishes ``notes/<idem_key>.txt`` once. ``NOTES_DURABLE=0``
 builds the agent without the capability (the negative control);
 ``NOTES_APPROVE=1`` declares ``post_note`` ``requires_approval=True``; ``NOTES_SLOW``
-seconds delay its effect and ``NOTES_TIMEOUT`` bounds its calls. The frameworks
-load only when a workflow runs: ``create`` stays cheap.
+seconds delay its effect, ``NOTES_TIMEOUT`` bounds its calls and ``NOTES_REFUSE=1``
+refuses to guess its outcome. The frameworks load only when a workflow runs:
+``create`` stays cheap.
 """
 
 from __future__ import annotations
@@ -30,11 +31,15 @@ def log(line: str) -> None:
 
 
 def policies() -> dict[str, Any]:
-    """``post_note``'s step policy: ``$NOTES_TIMEOUT`` seconds, two attempts, no wait."""
+    """``post_note``'s step policy: ``$NOTES_TIMEOUT`` seconds, two attempts, no wait;
+    ``NOTES_REFUSE=1``: ``on_unknown: refuse``."""
+    policy: dict[str, Any] = {}
+    if os.environ.get("NOTES_REFUSE") == "1":
+        policy["on_unknown"] = "refuse"
     timeout = os.environ.get("NOTES_TIMEOUT")
-    if not timeout:
-        return {}
-    return {"post_note": {"timeout": float(timeout), "max_attempts": 2, "backoff": False}}
+    if timeout:
+        policy.update(timeout=float(timeout), max_attempts=2, backoff=False)
+    return {"post_note": policy} if policy else {}
 
 
 def build() -> Any:
