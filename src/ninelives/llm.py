@@ -161,6 +161,13 @@ class EngineConfig:
             )
         if not self.model:
             raise InputError(f"{self.engine}: set NINELIVES_LLM_MODEL (or 'model' in the plan)")
+        try:
+            self.model.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that are not UTF-8, as os.environ keeps them
+            raise InputError(
+                f"{self.engine}: NINELIVES_LLM_MODEL (or the plan's 'model') is not valid "
+                f"UTF-8 text: {self.model!r}"
+            ) from None
 
     def _check_url_form(self, parts: Any) -> None:
         """Refuse a base URL no request can use as it is: a port that is not one,

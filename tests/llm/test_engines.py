@@ -290,6 +290,10 @@ def test_loopback_urls_are_allowed(url: str) -> None:
         ({"NINELIVES_LLM": "openai", "NINELIVES_LLM_TIMEOUT": "soon"}, "NINELIVES_LLM_TIMEOUT"),
         ({"NINELIVES_LLM": "openai"}, "NINELIVES_LLM_MODEL"),
         ({"NINELIVES_LLM": "ollama", "NINELIVES_LLM_URL": "file:///etc/passwd"}, "http"),
+        # Bytes that are not UTF-8 (os.environ keeps them as lone surrogates): the
+        # request could not be encoded, a step_error at every attempt.
+        ({"NINELIVES_LLM": "openai", "NINELIVES_LLM_MODEL": "m\udcff"}, "NINELIVES_LLM_MODEL"),
+        ({"NINELIVES_LLM": "ollama", "OLLAMA_MODEL": "llama\udcff"}, "NINELIVES_LLM_MODEL"),
     ],
 )
 def test_bad_settings_are_refused(env: dict[str, str], message: str) -> None:
