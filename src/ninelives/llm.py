@@ -141,10 +141,18 @@ class EngineConfig:
             raise InputError(
                 f"{self.engine}: NINELIVES_LLM_URL must be an http(s) URL, got {shown!r}"
             )
+        self._check_url_form(parts)
         if parts.username is not None or parts.password is not None:
             raise InputError(
                 f"{self.engine}: NINELIVES_LLM_URL must not hold credentials "
                 "(put the key in NINELIVES_LLM_API_KEY)"
+            )
+        if not all("!" <= c <= "~" for c in self.api_key):
+            # Sent as a header, which http.client refuses, naming the key, at every attempt.
+            raise InputError(
+                f"{self.engine}: NINELIVES_LLM_API_KEY must be printable ASCII without spaces: it "
+                "holds a space, a line break (a key read from a file may end with one) or a "
+                "character beyond ASCII (the key is not shown)"
             )
         if not self.allow_remote and not is_loopback(parts.hostname):
             raise InputError(
@@ -153,6 +161,35 @@ class EngineConfig:
             )
         if not self.model:
             raise InputError(f"{self.engine}: set NINELIVES_LLM_MODEL (or 'model' in the plan)")
+        try:
+            self.model.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that are not UTF-8, as os.environ keeps them
+            raise InputError(
+                f"{self.engine}: NINELIVES_LLM_MODEL (or the plan's 'model') is not valid "
+                f"UTF-8 text: {self.model!r}"
+            ) from None
+
+    def _check_url_form(self, parts: Any) -> None:
+        """Refuse a base URL no request can use as it is: a port that is not one,
+        whitespace or a control character, a query or fragment (the engine's path
+        is appended to the URL, after them). Each failed every attempt."""
+        shown = public_url(self.url)
+        try:
+            parts.port  # noqa: B018 - a property that raises on a bad port
+        except ValueError:
+            raise InputError(
+                f"{self.engine}: NINELIVES_LLM_URL has no valid port (1-65535): {shown!r}"
+            ) from None
+        if any(c.isspace() or not c.isprintable() for c in self.url):
+            raise InputError(
+                f"{self.engine}: NINELIVES_LLM_URL must hold no space, line break or control "
+                f"character: {shown!r}"
+            )
+        if parts.query or parts.fragment or "?" in self.url or "#" in self.url:
+            raise InputError(
+                f"{self.engine}: NINELIVES_LLM_URL must hold no query or fragment ('?', '#'): "
+                "the engine appends its path (/chat/completions, /api/chat) to it"
+            )
 
 
 def is_loopback(host: str) -> bool:
@@ -339,7 +376,7 @@ class _HttpEngine:
             # Numbered when the wire has no id: stable for this reply, which is
             # committed with the turn, so the next turn answers the same ids.
             call_id = call.get("id") if isinstance(call.get("id"), str) else f"call_{n}"
-            calls.append(_call(call_id, function["name"], arguments, problem))
+            calls.append(_call(whole(call_id), whole(function["name"]), arguments, problem))
         return tuple(calls)
 
     @staticmethod
@@ -371,10 +408,10 @@ class OllamaEngine(_HttpEngine):
         if not isinstance(text, str):
             raise self._fail("the reply's message content is not text")
         return Reply(
-            text=text,
+            text=whole(text),
             tool_calls=self._calls(message.get("tool_calls")),
             engine=self.name,
-            model=str(reply.get("model") or self.model),
+            model=whole(str(reply.get("model") or self.model)),
             input_tokens=self._count(reply.get("prompt_eval_count")),
             output_tokens=self._count(reply.get("eval_count")),
             ms=ms,
@@ -408,10 +445,10 @@ class OpenAIEngine(_HttpEngine):
             raise self._fail("the reply's message content is not text")
         usage = reply.get("usage") if isinstance(reply.get("usage"), dict) else {}
         return Reply(
-            text=text,
+            text=whole(text),
             tool_calls=self._calls(message.get("tool_calls")),
             engine=self.name,
-            model=str(reply.get("model") or self.model),
+            model=whole(str(reply.get("model") or self.model)),
             input_tokens=self._count(usage.get("prompt_tokens")),
             output_tokens=self._count(usage.get("completion_tokens")),
             ms=ms,
@@ -461,6 +498,18 @@ def _to_ollama(message: Mapping[str, Any]) -> dict[str, Any]:
     if message["role"] == "tool" and message.get("name"):
         out["tool_name"] = message["name"]
     return out
+
+
+def whole(text: str) -> str:
+    """``text`` with each lone surrogate a reply escaped (``"\\ud83d"``: half an
+    emoji) replaced by U+FFFD: no store can hold one, and a turn whose output
+    cannot be stored is asked again, paid again, at every attempt. Arguments
+    keep theirs: such arguments are that call's error, which the model reads."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
 
 
 def _decode_arguments(raw: str) -> tuple[Any, str]:

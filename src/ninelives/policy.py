@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from types import FrameType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 from .errors import OutputRefused, PermanentError
 from .journal import clean_error, error_text, storable
@@ -258,11 +258,18 @@ class Watchdog:
             if self._state != "running":
                 return
             self._state = "overrun"
-        try:
-            self._on_overrun()
-        except BaseException as exc:  # exiting anyway: the next claimer recovers the step
-            print(f"ninelives: could not journal the timeout: {exc}", file=sys.stderr)
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(EXIT_STUCK_TOOL)
+        exit_stuck(self._on_overrun)
+
+
+def exit_stuck(journal: Callable[[], None]) -> NoReturn:
+    """Journal an attempt that overran its timeout in a thread (``journal``), then
+    end the process with :data:`EXIT_STUCK_TOOL`: the thread dies with it, so the
+    abandoned attempt's effect cannot land after the step is retried."""
+    try:
+        journal()
+    except BaseException as exc:  # exiting anyway: the next claimer recovers the step
+        print(f"ninelives: could not journal the timeout: {exc}", file=sys.stderr)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_STUCK_TOOL)

@@ -13,12 +13,12 @@ import asyncio
 import inspect
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from .durable import CURRENT
-from .errors import CommitUnknown
+from .errors import CommitUnknown, TaskCancelled, TaskFailed
 from .models import Step
-from .policy import USER_ERRORS, StepTimeout
+from .policy import USER_ERRORS, Limits, StepTimeout, exit_stuck
 from .replay import (
     WorkflowContext,
     caller,
@@ -71,11 +71,19 @@ class AsyncWorkflowContext(AsyncChatCalls, WorkflowContext):
         return float(await self.step("ctx.random", random.random))
 
     async def attempts_async(
-        self, step: Step, attempt: int, call: Callable[[], Any], policy: Mapping[str, Any]
+        self,
+        step: Step,
+        attempt: int,
+        call: Callable[[], Any],
+        policy: Mapping[str, Any],
+        *,
+        threaded: bool = False,
     ) -> Any:
         """Awaited attempts of a step committed running, until one is done; the value.
         Framework adapters (:mod:`ninelives.integrations`) call it on a sync
-        workflow's context too: it only awaits ``call`` between the commits."""
+        workflow's context too: it only awaits ``call`` between the commits.
+        ``threaded``: ``call`` may do its work in a thread (a framework's sync
+        tool), which a timeout cannot stop: see :meth:`abandoned`."""
         assert self._rt is not None
         assert self._run is not None
         rt, run = self._rt, self._run
@@ -95,6 +103,8 @@ class AsyncWorkflowContext(AsyncChatCalls, WorkflowContext):
                 except CommitUnknown:
                     raise
                 except USER_ERRORS as exc:
+                    if threaded and isinstance(exc, StepTimeout):
+                        AsyncWorkflowContext.abandoned(self, step, attempt, exc, limits)
                     attempt = self._failed(step, attempt, exc, limits)
                     continue
                 except BaseException as exc:  # asyncio.wait_for around the step: see cancelled
@@ -106,6 +116,26 @@ class AsyncWorkflowContext(AsyncChatCalls, WorkflowContext):
                 return self._done(step, value, encoded, began)
         finally:
             self.running = None
+
+    def abandoned(self, step: Step, attempt: int, exc: StepTimeout, limits: Limits) -> NoReturn:
+        """End the process (exit 5) once an attempt that overran its timeout is
+        journaled, as a worker's slot does: the framework may still run it in a
+        thread, and its effect must not land after the step is retried."""
+        assert self._rt is not None
+        assert self._run is not None
+        rt, run = self._rt, self._run
+        rt.say(
+            f"{self.task_id}: step {step.idx} {step.tool} overran its {exc.seconds:g}s timeout, "
+            "perhaps in a thread, which nothing can interrupt: this process exits"
+        )
+
+        def journal() -> None:
+            try:
+                rt.record_error(run, step, attempt, exc, limits)
+            except (TaskFailed, TaskCancelled):
+                pass  # journaled all the same; the next run finds the task so
+
+        exit_stuck(journal)
 
 
 async def _limited(awaitable: Any, timeout: float | None) -> Any:

@@ -17,9 +17,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .chat import CHAT_STEP, ask, chat_request, check_offered, run_call
-from .errors import PlanError
+from .errors import InputError, PlanError
 
 if TYPE_CHECKING:
+    from .models import Step
     from .runtime.steps import StepRunner
 
 
@@ -70,6 +71,9 @@ class ChatCalls:
     :class:`~ninelives.replay.WorkflowContext`, whose ``step`` they call)."""
 
     _rt: StepRunner | None
+    task_id: str
+    _next: int
+    _steps: dict[int, Step]
 
     def _lookup(self) -> Callable[[str], Any]:
         if self._rt is None:  # replay-check runs no step: nothing is looked up
@@ -81,7 +85,30 @@ class ChatCalls:
         lookup = self._lookup()
         if self._rt is not None:
             check_offered(request["tools"], lookup)
+            self._check_engine(request)
         return CHAT_STEP, lambda req: ask(req, lookup), request
+
+    def _check_engine(self, request: Mapping[str, Any]) -> None:
+        """Refuse (:class:`~ninelives.errors.InputError`, exit 4) a chat step that
+        would ask a model engine misconfigured here, before it starts, as a plan's
+        model step is refused: read by the step, a typo in ``NINELIVES_LLM*`` was a
+        ``step_error`` at every attempt and failed the task. A committed reply is
+        read back whatever the engine."""
+        from .llm import EngineConfig
+        from .models import StepStatus
+
+        idx = self._next
+        stored = self._steps.get(idx)
+        if stored is not None and stored.status is StepStatus.DONE:
+            return
+        overrides = {k: request[k] for k in ("engine", "model") if request.get(k)}
+        try:
+            EngineConfig.from_env(None, **overrides)
+        except InputError as exc:
+            raise InputError(
+                f"task {self.task_id!r} step {idx} cannot ask its model here: {exc}; it was not "
+                "started (nothing written): fix the NINELIVES_LLM* variables, then run again"
+            ) from None
 
     def _call_step(self, call: Any, awaited: bool = False) -> tuple[Any, ...]:
         lookup = self._lookup()

@@ -5,13 +5,16 @@ then answers with what they returned. Every model call and every tool
 execution appends a line to ``$NOTES_LOG``; ``post_note`` publishes
 ``notes/<idem_key>.txt`` once. ``NOTES_DURABLE=0`` leaves the agent unwrapped
 (the negative control); ``NOTES_APPROVE=1`` makes ``post_note``
-``needs_approval=True``. The SDK loads only when a workflow runs.
+``needs_approval=True``; ``NOTES_SLOW`` seconds delay its effect, ``NOTES_TIMEOUT``
+bounds its calls and ``NOTES_REFUSE=1`` refuses to guess its outcome. The SDK loads
+only when a workflow runs.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,18 @@ def log(line: str) -> None:
         f.write(line + "\n")
         f.flush()
         os.fsync(f.fileno())
+
+
+def policies() -> dict[str, Any]:
+    """``post_note``'s step policy: ``$NOTES_TIMEOUT`` seconds, two attempts, no wait;
+    ``NOTES_REFUSE=1``: ``on_unknown: refuse``."""
+    policy: dict[str, Any] = {}
+    if os.environ.get("NOTES_REFUSE") == "1":
+        policy["on_unknown"] = "refuse"
+    timeout = os.environ.get("NOTES_TIMEOUT")
+    if timeout:
+        policy.update(timeout=float(timeout), max_attempts=2, backoff=False)
+    return {"post_note": policy} if policy else {}
 
 
 def build() -> Any:
@@ -89,12 +104,15 @@ def build() -> Any:
         step = ninelives.current_step()
         key = step.idem_key if step is not None else "plain"
         log(f"tool:post_note {key}")
+        time.sleep(float(os.environ.get("NOTES_SLOW", "0")))
         os.makedirs("notes", exist_ok=True)
         publish_once("notes", f"{key}.txt", text.encode())
         return {"posted": key}
 
     agent = Agent(name="notes", model=Scripted(), tools=[read_note, post_note])
-    return durable(agent) if os.environ.get("NOTES_DURABLE", "1") != "0" else agent
+    return (
+        durable(agent, tools=policies()) if os.environ.get("NOTES_DURABLE", "1") != "0" else agent
+    )
 
 
 def run_config() -> Any:

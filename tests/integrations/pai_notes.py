@@ -5,14 +5,17 @@ in one response, then answers with what they returned. Every model call and
 every tool execution appends a line to ``$NOTES_LOG``, so a test counts what
 ran; ``post_note`` publishes ``notes/<idem_key>.txt`` once. ``NOTES_DURABLE=0``
 builds the agent without the capability (the negative control);
-``NOTES_APPROVE=1`` declares ``post_note`` ``requires_approval=True``. The
-frameworks load only when a workflow runs: ``create`` stays cheap.
+``NOTES_APPROVE=1`` declares ``post_note`` ``requires_approval=True``; ``NOTES_SLOW``
+seconds delay its effect, ``NOTES_TIMEOUT`` bounds its calls and ``NOTES_REFUSE=1``
+refuses to guess its outcome. The frameworks load only when a workflow runs:
+``create`` stays cheap.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,18 @@ def log(line: str) -> None:
         f.write(line + "\n")
         f.flush()
         os.fsync(f.fileno())
+
+
+def policies() -> dict[str, Any]:
+    """``post_note``'s step policy: ``$NOTES_TIMEOUT`` seconds, two attempts, no wait;
+    ``NOTES_REFUSE=1``: ``on_unknown: refuse``."""
+    policy: dict[str, Any] = {}
+    if os.environ.get("NOTES_REFUSE") == "1":
+        policy["on_unknown"] = "refuse"
+    timeout = os.environ.get("NOTES_TIMEOUT")
+    if timeout:
+        policy.update(timeout=float(timeout), max_attempts=2, backoff=False)
+    return {"post_note": policy} if policy else {}
 
 
 def build() -> Any:
@@ -48,7 +63,9 @@ def build() -> Any:
 
     durable = os.environ.get("NOTES_DURABLE", "1") != "0"
     agent = Agent(
-        FunctionModel(script), name="notes", capabilities=[NinelivesDurability()] if durable else []
+        FunctionModel(script),
+        name="notes",
+        capabilities=[NinelivesDurability(tools=policies())] if durable else [],
     )
 
     @agent.tool_plain
@@ -63,6 +80,7 @@ def build() -> Any:
         step = ninelives.current_step()
         key = step.idem_key if step is not None else "plain"
         log(f"tool:post_note {key}")
+        time.sleep(float(os.environ.get("NOTES_SLOW", "0")))
         os.makedirs("notes", exist_ok=True)
         publish_once("notes", f"{key}.txt", text.encode())
         return {"posted": key}

@@ -169,3 +169,36 @@ def test_arguments_no_store_can_keep_are_that_calls_error(
     assert status["steps"][0]["attempts"] == 1
     assert lookups(sqlite_lab, "odd-args") == 0
     assert sqlite_lab.cli("verify", "odd-args").returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("variables", "why"),
+    [
+        ({"NINELIVES_LLM": "gpt"}, "unknown model engine 'gpt'"),
+        ({"NINELIVES_LLM_MODEL": ""}, "set NINELIVES_LLM_MODEL"),
+        ({"NINELIVES_LLM_URL": "ftp://127.0.0.1/v1"}, "must be an http(s) URL"),
+    ],
+)
+def test_a_misconfigured_engine_is_refused_before_the_model_step(
+    sqlite_lab: Lab, server: FakeModelServer, variables: dict[str, str], why: str
+) -> None:
+    """As a plan's model step: exit 4 in one line, the step not started, the task not
+    failed; a committed reply is still read back, and the fixed run goes on."""
+    lab = sqlite_lab
+    setup(lab, server)
+    make(lab, "t", "notes_agent")
+    killed = lab.cli("run", "t", AGENT_CRASH_AT="after_commit:0")
+    assert killed.returncode == -9, killed.stderr
+    refused = lab.cli("run", "t", **variables)
+    assert refused.returncode == 4, refused.stderr
+    assert "Traceback" not in refused.stderr, refused.stderr
+    [line] = [s for s in refused.stderr.splitlines() if s.startswith("ninelives: error:")]
+    assert why in line, line
+    snapshot = lab.snapshot("t")
+    assert [(s["tool"], s["status"]) for s in snapshot.status["steps"]] == [
+        ("chat", "done"), ("lookup_note", "done"), ("write_artifact", "done")
+    ]  # fmt: skip
+    assert [e for e in snapshot.events if e["kind"] == "step_error"] == []
+    done = lab.cli("run", "t")
+    assert done.returncode == 0, done.stderr
+    assert server.count() == 2  # one paid call per turn, none asked again

@@ -207,3 +207,26 @@ def test_rows_stored_deep_by_an_older_version_are_damaged_not_a_traceback(
     assert export.returncode == 5, export.stderr
     assert "is damaged" in export.stderr
     assert "Traceback" not in export.stderr
+
+
+@pytest.mark.parametrize("engine", ["openai", "ollama"])
+def test_a_lone_surrogate_in_the_reply_is_stored_as_a_replacement(lab: Lab, engine: str) -> None:
+    """Half an emoji (an escaped lone surrogate) in the reply's text, and in a call's
+    name and id: no store can hold it, so the turn keeps U+FFFD in its place and
+    commits; the paid call is asked once, not once per attempt."""
+    setup(lab)
+    half = "\ud83d"
+    with fake_model_server(
+        Turn(text=f"Thinking {half}", calls=[(f"echo{half}", "{}")]),
+        Turn(text=f"{ANSWER} {half}"),
+        by_turn=True,
+    ) as fake:
+        ran = lab.cli("--tools", "labecho", "run", "t", **env_for(fake.url, engine))
+        assert fake.count() == 2, ran.stderr
+    assert ran.returncode == 0, ran.stderr
+    snapshot = lab.snapshot("t")
+    assert snapshot.outputs[1]["text"] == "Thinking \ufffd"
+    assert snapshot.outputs[1]["tool_calls"][0]["name"] == "echo\ufffd"
+    assert snapshot.outputs[2]["text"] == f"{ANSWER} \ufffd"
+    assert [s["attempts"] for s in snapshot.status["steps"]] == [1, 1, 1]
+    readers_read(lab)

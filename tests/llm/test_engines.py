@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
+from errorlines import one_line
 from ninelives.errors import InputError, ToolError
 from ninelives.llm import EngineConfig, open_engine
+from ninelives.testing import Lab
 from ninelives.testing.fakellm import FakeModelServer, Turn, fake_model_server
 
 WEATHER = {
@@ -288,6 +290,10 @@ def test_loopback_urls_are_allowed(url: str) -> None:
         ({"NINELIVES_LLM": "openai", "NINELIVES_LLM_TIMEOUT": "soon"}, "NINELIVES_LLM_TIMEOUT"),
         ({"NINELIVES_LLM": "openai"}, "NINELIVES_LLM_MODEL"),
         ({"NINELIVES_LLM": "ollama", "NINELIVES_LLM_URL": "file:///etc/passwd"}, "http"),
+        # Bytes that are not UTF-8 (os.environ keeps them as lone surrogates): the
+        # request could not be encoded, a step_error at every attempt.
+        ({"NINELIVES_LLM": "openai", "NINELIVES_LLM_MODEL": "m\udcff"}, "NINELIVES_LLM_MODEL"),
+        ({"NINELIVES_LLM": "ollama", "OLLAMA_MODEL": "llama\udcff"}, "NINELIVES_LLM_MODEL"),
     ],
 )
 def test_bad_settings_are_refused(env: dict[str, str], message: str) -> None:
@@ -305,3 +311,30 @@ def test_credentials_in_the_url_are_refused_without_echoing_them() -> None:
 def test_the_key_is_not_in_the_config_repr() -> None:
     cfg = config("openai", "http://127.0.0.1:1/v1", NINELIVES_LLM_API_KEY=SECRET)
     assert SECRET not in repr(cfg)
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("http://127.0.0.1:99999/v1", "port"),
+        ("http://127.0.0.1:8o80/v1", "port"),
+        ("http://127.0.0.1:8080/v 1", "space"),
+        ("http://127.0.0.1:8080/v1\r", "space"),
+        ("http://127.0.0.1:8080/v1?api-version=1", "query"),
+        ("http://127.0.0.1:8080/v1#top", "query"),
+    ],
+)
+def test_a_url_no_request_can_use_is_refused(lab: Lab, url: str, why: str) -> None:
+    """Refused when the engine is configured (exit 4 before a plan's model step
+    starts, nothing written), as a URL that is not http(s) is: each was a
+    step_error at every attempt, and a query or fragment sent the request to
+    another path than the one the error named."""
+    with pytest.raises(InputError, match="NINELIVES_LLM_URL") as caught:
+        config("openai", url)
+    assert why in str(caught.value)
+    lab.write_plan({"steps": [{"tool": "llm", "input": {"prompt": "Hello?"}}]})
+    assert lab.cli("create", "t", "plan.json").returncode == 0
+    before = lab.snapshot("t")
+    env = {"NINELIVES_LLM": "openai", "NINELIVES_LLM_URL": url, "NINELIVES_LLM_MODEL": "m"}
+    one_line(lab.cli("run", "t", **env), 4, "NINELIVES_LLM_URL", "step 0")
+    assert lab.snapshot("t") == before

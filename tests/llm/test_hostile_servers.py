@@ -19,12 +19,13 @@ from typing import Any
 
 import pytest
 
+from errorlines import one_line
 from ninelives.errors import ToolError
 from ninelives.exchange import redact, snippet
 from ninelives.llm import MAX_REPLY_BYTES, EngineConfig, open_engine
 from ninelives.settings import Settings
 from ninelives.testing import Lab
-from ninelives.testing.fakellm import HUGE_BYTES, FakeModelServer, fake_model_server
+from ninelives.testing.fakellm import HUGE_BYTES, FakeModelServer, Turn, fake_model_server
 from ninelives.tools.builtin import make_summarize
 
 SECRET = "sk-planted-secret-5678901234567890"
@@ -138,6 +139,18 @@ def test_summarize_with_ollama_fails_its_step_on_a_huge_reply(lab: Lab) -> None:
     assert lab.cli("verify", "t").returncode == 0
 
 
+def test_summarize_with_ollama_keeps_half_an_emoji_as_a_replacement(lab: Lab) -> None:
+    """A summary with an escaped lone surrogate is stored with U+FFFD, asked once."""
+    lab.guide_setup()
+    assert lab.cli("create", "t", "plan.json").returncode == 0
+    with fake_model_server(Turn(text="Three lines \ud83d")) as fake:
+        ran = lab.cli("run", "t", AGENT_LLM="ollama", OLLAMA_URL=fake.url)
+        assert fake.count("/api/generate") == 1, ran.stderr
+    assert ran.returncode == 0, ran.stderr
+    [summary] = [o for o in lab.snapshot("t").outputs.values() if "summary" in o]
+    assert summary == {"summary": "Three lines \ufffd", "engine": "ollama"}
+
+
 # -- the API key ------------------------------------------------------------------
 
 
@@ -191,3 +204,21 @@ def test_the_echoed_key_reaches_no_stderr_journal_export_or_database(lab: Lab, f
         for path in Path(lab.sqlite_path).parent.glob(Path(lab.sqlite_path).name + "*"):
             if path.is_file():
                 assert SECRET[:4].encode() not in path.read_bytes(), path
+
+
+@pytest.mark.parametrize("key", [SECRET + "\r", SECRET + "\n", f"{SECRET[:8]}\u00e9{SECRET[8:]}"])
+def test_a_key_no_header_can_carry_is_refused_before_the_step(lab: Lab, key: str) -> None:
+    """A key with a line break (read from a file with CRLF endings) or a character
+    beyond ASCII is refused before the step starts (exit 4, one line, nothing
+    written), never sent and never shown: the request it made was refused by
+    http.client at every attempt, failing the task with the key in the error."""
+    _llm_task(lab)
+    before = lab.snapshot("t")
+    with fake_model_server(Turn(text="fine")) as fake:
+        env = {"NINELIVES_LLM": "openai", "NINELIVES_LLM_URL": fake.url + "/v1",
+               "NINELIVES_LLM_MODEL": "m1", "NINELIVES_LLM_API_KEY": key}  # fmt: skip
+        ran = lab.cli("run", "t", **env)
+        assert fake.count() == 0
+    assert SECRET[:4] not in ran.stdout + ran.stderr, ran.stderr
+    one_line(ran, 4, "NINELIVES_LLM_API_KEY", "step 1")
+    assert lab.snapshot("t") == before

@@ -58,8 +58,10 @@ async def durable(
         rules = dict(target.policy) if policy else {}
         # The async attempt loop, on whichever context runs: it only awaits `fn`
         # between the commits the sync context makes.
+        # A framework runs a sync tool (or model function) in a thread, which a
+        # timeout cannot stop: one that overruns ends the process (exit 5).
         return await AsyncWorkflowContext.attempts_async(
-            ctx, found, attempt, caller(target, args, {}), rules
+            ctx, found, attempt, caller(target, args, {}), rules, threaded=True
         )
 
 

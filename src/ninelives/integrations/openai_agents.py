@@ -190,8 +190,11 @@ async def _needs_approval(needs: Any, context: Any, arguments: Any, call_id: str
 
 def answer(name: str, call_id: str, stored: Any) -> Any:
     """The result a tool step stored for ``call_id``; :class:`~ninelives.errors.WorkflowError`
-    when it belongs to another call (exit 12, nothing written)."""
-    if not isinstance(stored, dict) or "return" not in stored:
+    when it belongs to another call (exit 12, nothing written). An output a
+    person gave (``resolve --done``) is the call's result as given."""
+    if not isinstance(stored, dict) or "call_id" not in stored:
+        return stored
+    if "return" not in stored:
         refuse(
             WorkflowError(f"{name}: the stored result is not a tool result; nothing was written")
         )

@@ -257,8 +257,11 @@ def decode_deferral(stored: Any) -> ApprovalRequired | CallDeferred:
 def answer(name: str, call_id: str, stored: Any) -> Any:
     """What a tool step stored for ``call_id``: its result, or its retry prompt
     raised again; :class:`~ninelives.errors.WorkflowError`
-    when it belongs to another call (exit 12, nothing written)."""
-    if not isinstance(stored, dict) or not ({_RETRY, _RETURN, _DEFERRED} & set(stored)):
+    when it belongs to another call (exit 12, nothing written). An output a
+    person gave (``resolve --done``) is the call's result as given."""
+    if not isinstance(stored, dict) or "call_id" not in stored:
+        return stored
+    if not ({_RETRY, _RETURN, _DEFERRED} & set(stored)):
         refuse(
             WorkflowError(f"{name}: the stored result is not a tool result; nothing was written")
         )

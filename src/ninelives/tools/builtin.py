@@ -228,7 +228,7 @@ def _ollama_summary(settings: Settings, text: str) -> str:
     """Ollama's ``/api/generate``, bounded like the model engines: the whole
     exchange within ``NINELIVES_LLM_TIMEOUT``, a reply of at most
     :data:`ninelives.llm.MAX_REPLY_BYTES`, no proxy, no redirect."""
-    from ..llm import post_json
+    from ..llm import post_json, whole
 
     body = {
         "model": settings.ollama_model,
@@ -241,7 +241,7 @@ def _ollama_summary(settings: Settings, text: str) -> str:
     summary = reply.get("response") if isinstance(reply, dict) else None
     if not isinstance(summary, str):
         raise ToolError("ollama reply has no 'response' text")
-    return summary.strip()
+    return whole(summary.strip())
 
 
 def make_summarize(settings: Settings) -> Tool:
