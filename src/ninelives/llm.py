@@ -192,6 +192,24 @@ class EngineConfig:
             )
 
 
+def check_engine(
+    task_id: str, idx: int, fields: Mapping[str, Any], error: type[InputError] = InputError
+) -> None:
+    """Raise ``error`` (exit 4) if step ``idx`` would ask a model engine that is
+    misconfigured here (``NINELIVES_LLM*``, with ``fields``' ``engine`` and
+    ``model``): checked before the step starts, as a missing tool is. Read when
+    the step runs, a typo in a variable was a ``step_error`` at every attempt and
+    failed the task. Plan model steps and ``ctx.chat`` both ask it."""
+    overrides = {k: v for k in ("engine", "model") if isinstance(v := fields.get(k), str) and v}
+    try:
+        EngineConfig.from_env(None, **overrides)
+    except InputError as exc:
+        raise error(
+            f"task {task_id!r} step {idx} cannot ask its model here: {exc}; it was not "
+            "started (nothing written): fix the NINELIVES_LLM* variables, then run again"
+        ) from None
+
+
 def is_loopback(host: str) -> bool:
     """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
     import ipaddress

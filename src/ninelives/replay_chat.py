@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .chat import CHAT_STEP, ask, chat_request, check_offered, run_call
-from .errors import InputError, PlanError
+from .errors import PlanError
 
 if TYPE_CHECKING:
     from .models import Step
@@ -91,24 +91,15 @@ class ChatCalls:
     def _check_engine(self, request: Mapping[str, Any]) -> None:
         """Refuse (:class:`~ninelives.errors.InputError`, exit 4) a chat step that
         would ask a model engine misconfigured here, before it starts, as a plan's
-        model step is refused: read by the step, a typo in ``NINELIVES_LLM*`` was a
-        ``step_error`` at every attempt and failed the task. A committed reply is
-        read back whatever the engine."""
-        from .llm import EngineConfig
+        model step is refused (:func:`ninelives.llm.check_engine`). A committed
+        reply is read back whatever the engine."""
+        from .llm import check_engine
         from .models import StepStatus
 
         idx = self._next
         stored = self._steps.get(idx)
-        if stored is not None and stored.status is StepStatus.DONE:
-            return
-        overrides = {k: request[k] for k in ("engine", "model") if request.get(k)}
-        try:
-            EngineConfig.from_env(None, **overrides)
-        except InputError as exc:
-            raise InputError(
-                f"task {self.task_id!r} step {idx} cannot ask its model here: {exc}; it was not "
-                "started (nothing written): fix the NINELIVES_LLM* variables, then run again"
-            ) from None
+        if stored is None or stored.status is not StepStatus.DONE:
+            check_engine(self.task_id, idx, request)
 
     def _call_step(self, call: Any, awaited: bool = False) -> tuple[Any, ...]:
         lookup = self._lookup()

@@ -366,7 +366,9 @@ class Runtime(StepRunner):
                         "started (nothing written): install or register the tool, then run again"
                     ) from None
                 if step.tool in ("llm", AGENT_TOOL):
-                    _check_engine(task.id, step)
+                    from ..llm import check_engine
+
+                    check_engine(task.id, step.idx, step.input, PlanError)
 
     def execute(
         self,
@@ -464,23 +466,6 @@ class Runtime(StepRunner):
             if event.kind == EventKind.TASK_FAILED.value:
                 return str(event.data.get("reason", "no reason recorded"))
         return "no reason recorded"
-
-
-def _check_engine(task_id: str, step: Step) -> None:
-    """Raise :class:`PlanError` if the model engine that step ``step`` would ask
-    is misconfigured here (``NINELIVES_LLM*``, with the step's own ``engine`` and
-    ``model``), as a missing tool is: read when the step runs, a typo in a
-    variable was a ``step_error`` at every attempt and failed the task."""
-    from ..llm import EngineConfig
-
-    overrides = {k: v for k in ("engine", "model") if isinstance(v := step.input.get(k), str) and v}
-    try:
-        EngineConfig.from_env(None, **overrides)
-    except InputError as exc:
-        raise PlanError(
-            f"task {task_id!r} step {step.idx} cannot ask its model here: {exc}; it was not "
-            "started (nothing written): fix the NINELIVES_LLM* variables, then run again"
-        ) from None
 
 
 class _OtherFolder(InputError):
