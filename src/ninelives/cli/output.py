@@ -37,7 +37,6 @@ def json_line(value: Any) -> str:
     bidirectional formats are escaped as ``\\uXXXX`` too: the same JSON value.
     Non-finite numbers of rows written before they were refused print as ``null``.
     """
-    import re
 
     from ..journal import printable_json
 
@@ -105,7 +104,11 @@ def redactor(argv: Sequence[str]) -> Callable[[str], str]:
     urls = []
     for text in (*argv, os.environ.get("NINELIVES_DB", "")):
         # Any scheme: a URL ninelives does not take (postgresql+psycopg://) has one too.
-        found = re.search(r"[A-Za-z][A-Za-z0-9+.-]*://", text) if "://" in text else None
+        found = None
+        if "://" in text:
+            from ..store.conninfo import URL_SCHEME
+
+            found = URL_SCHEME.search(text)
         if found is not None:
             urls.append(text[found.start() :])
         elif "=" in text:  # perhaps a libpq keyword string (host=... password=...)
@@ -197,7 +200,6 @@ def _paint(line: str) -> str:
     """Colour the outcome words of a progress line. It runs after :func:`printable`,
     which escapes every control character that stored data could carry, so the
     only escape sequences on the line are these."""
-    import re
 
     line = line.replace(" done in ", f" {_GREEN}done{_RESET} in ", 1)
     line = line.replace(" (recovered)", f" {_YELLOW}(recovered){_RESET}", 1)

@@ -8,7 +8,6 @@ the same way are :mod:`.rules`'; the backends are the :mod:`.sqlite` and
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -87,10 +86,6 @@ def is_postgres_url(url: str) -> bool:
     return is_keyword_string(url)
 
 
-#: A URL of a scheme not taken (``postgresql+psycopg://``, ``POSTGRESQL://``, ``mysql://``);
-#: as text: re compiles it on first use, not at import.
-_OTHER_URL = r"[A-Za-z][A-Za-z0-9+.-]*://"
-
 #: Printed instead of a traceback when PostgreSQL is asked for without its driver.
 POSTGRES_EXTRA = "pip install 'ninelives[postgres]'"
 
@@ -146,14 +141,15 @@ def open_store(
     if url.startswith("sqlite:") and not url.startswith("sqlite:///"):
         # Not a file named "sqlite:" (what "sqlite://" would create).
         raise StoreError(f"a sqlite: URL names an absolute path, sqlite:///path (got {url})")
-    if not url.startswith("sqlite:///") and re.match(_OTHER_URL, url):
-        from .conninfo import redact_url
+    if not url.startswith("sqlite:///") and "://" in url:
+        from .conninfo import URL_SCHEME, redact_url
 
-        # Not a file name: a SQLite path read from it would print its password.
-        raise StoreError(
-            f"{redact_url(url)} is not a database URL ninelives takes: use postgresql://, "
-            "postgres:// or sqlite:///PATH (a file so named is written ./NAME)"
-        )
+        if URL_SCHEME.match(url):
+            # Not a file name: a SQLite path read from it would print its password.
+            raise StoreError(
+                f"{redact_url(url)} is not a database URL ninelives takes: use postgresql://, "
+                "postgres:// or sqlite:///PATH (a file so named is written ./NAME)"
+            )
     path = url.removeprefix("sqlite://") if url.startswith("sqlite:///") else url
     if readonly:
         from .sqlite.reader import open_reader

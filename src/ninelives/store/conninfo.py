@@ -23,6 +23,9 @@ from collections.abc import Iterable
 from urllib.parse import unquote
 
 MASK = "***"
+#: A URL's scheme and ``://``, of any scheme (``postgresql+psycopg://`` too): where
+#: ``open_store`` refuses a URL it does not take, and where output masks a password.
+URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 #: libpq's connection keywords (PostgreSQL 17, ``libpq-connect.html``): a text of
 #: ``name=value`` pairs with one of them is a keyword string, never a file name.
 LIBPQ_KEYWORDS = frozenset(
