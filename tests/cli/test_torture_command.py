@@ -146,6 +146,8 @@ def test_negative_control_duplicates_are_found(sqlite_lab: Lab) -> None:
         (("plan.json", "--pause", "-1"), 4),
         (("missing.json",), 4),
         (("plan.json", "--dir", "."), 4),  # already holds state.db
+        # Arguments go to a workflow: a plan given them would be tortured without.
+        (("plan.json", "--args", "[1]", "--dir", "t"), 4),
     ],
 )
 def test_bad_input(sqlite_lab: Lab, args: tuple[str, ...], code: int) -> None:
@@ -156,6 +158,7 @@ def test_bad_input(sqlite_lab: Lab, args: tuple[str, ...], code: int) -> None:
     assert result.returncode == code, result
     assert len(result.stderr.splitlines()) == 1, result.stderr
     assert sqlite_lab.fingerprint("keep") == before
+    assert not (sqlite_lab.root / "t").exists()
 
 
 def test_runs_that_cannot_start_are_one_line_and_exit_5(sqlite_lab: Lab) -> None:

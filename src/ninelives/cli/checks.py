@@ -105,9 +105,7 @@ def _verify_args(p: argparse.ArgumentParser) -> None:
 def _torture_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", metavar="PLAN", nargs="?", help="a plan file (or give --workflow)")
     p.add_argument("--workflow", metavar="NAME", help="torture tasks of this workflow instead")
-    p.add_argument(
-        "--args", default="[]", metavar="JSON", help="the workflow's arguments (default [])"
-    )
+    p.add_argument("--args", metavar="JSON", help="the workflow's arguments (default [])")
     p.add_argument("--kills", type=integer, default=10, metavar="N", help="SIGKILLs (default 10)")
     p.add_argument("--seed", type=integer, metavar="S", help="seed of the kill schedule")
     p.add_argument("--workers", type=integer, default=1, metavar="K", help="tasks run in parallel")

@@ -68,7 +68,7 @@ def torture(
     plan: str | os.PathLike[str] | None = None,
     *,
     workflow: str | None = None,
-    args: str = "[]",
+    args: str | None = None,
     kills: int = 10,
     seed: int | None = None,
     workers: int = 1,
@@ -82,8 +82,8 @@ def torture(
 
     Instead of a plan, ``workflow`` names a workflow loaded in this process
     (``--tools`` / ``NINELIVES_TOOLS``, which the runs load too) and ``args``
-    its arguments as ``create --args`` takes them (JSON text: an array of
-    positional arguments or an object of keyword arguments).
+    its arguments as ``create --args`` takes them (JSON text: an array or an
+    object; default ``[]``; a plan takes none).
     ``folder`` (default: a new temporary folder) receives the database and the
     artifacts; it must not hold a database yet. A temporary folder is removed
     again when everything is clean, kept otherwise. ``window`` fixes the range of
@@ -119,7 +119,7 @@ def torture(
         window=span,
         elapsed=time.monotonic() - started,
     )
-    report = dataclasses.replace(report, pause=pause, workflow=workflow, args=args)
+    report = dataclasses.replace(report, pause=pause, workflow=workflow, args=args or "[]")
     if scratch and report.ok:
         shutil.rmtree(folder, ignore_errors=True)
         report = dataclasses.replace(report, kept=False)
@@ -145,15 +145,18 @@ def _check_numbers(kills: int, workers: int, pause: float) -> None:
 
 
 def _subject_of(
-    plan: str | os.PathLike[str] | None, workflow: str | None, args: str
+    plan: str | os.PathLike[str] | None, workflow: str | None, args: str | None
 ) -> tuple[tuple[str, ...], str]:
     """What follows ``create TASK`` for every task, checked as ``create`` would,
     and the plan's absolute path ("" for a workflow)."""
     if (plan is None) == (workflow is None):
         raise InputError("torture takes a plan file or --workflow NAME, not both or neither")
     if workflow is not None:
+        args = "[]" if args is None else args
         _check_workflow(workflow, args)
         return ("--workflow", workflow, "--args", args), ""
+    if args is not None:  # as create refuses them: a plan would run without them
+        raise InputError("--args goes with --workflow: a plan file takes no arguments")
     plan_path = os.path.abspath(os.fspath(plan))  # type: ignore[arg-type]
     _check_plan(plan_path)
     return (plan_path,), plan_path
