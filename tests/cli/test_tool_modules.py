@@ -69,9 +69,13 @@ def test_a_module_that_cannot_load_is_bad_input(lab: Lab) -> None:
     # Its register() raises, or cannot take the registry.
     lab.write("failing_tools.py", "def register(registry):\n    raise RuntimeError('no db')\n")
     lab.write("wrong_tools.py", "def register():\n    pass\n")
+    # A script's sys.exit at import (exit 2 read as "task failed", 3 as "busy").
+    lab.write("exiting_tools.py", "import sys\nsys.exit(3)\n")
+    lab.write("quitting_tools.py", "import sys\ndef register(registry):\n    sys.exit(2)\n")
     before = lab.fingerprint()
     for spec in (
         "no_such_module", "broken_tools", "not a module", "a..b", "failing_tools", "wrong_tools",
+        "exiting_tools", "quitting_tools",
     ):  # fmt: skip
         result = lab.cli("--tools", spec, "create", "t", "plan.json")
         assert result.returncode == 4, (spec, result.stderr)
@@ -104,12 +108,14 @@ def test_an_entry_point_that_cannot_load_is_bad_input(lab: Lab) -> None:
     lab.guide_setup()
     site = _install(
         lab.root,
-        "renamed = lab_plugin:gone\nbroken = lab_broken:tool\nfine = lab_plugin:fine",
+        "renamed = lab_plugin:gone\nbroken = lab_broken:tool\nfine = lab_plugin:fine\n"
+        "exiting = lab_exiting:tool",
         FINE,
     )
     (Path(site) / "lab_broken.py").write_text("raise RuntimeError('half-written')\n")
+    (Path(site) / "lab_exiting.py").write_text("import sys\nsys.exit(3)\n")
     before = lab.fingerprint()
-    for name in ("renamed", "broken"):
+    for name in ("renamed", "broken", "exiting"):
         lab.write_plan({"goal": "g", "steps": [{"tool": name, "input": {}}]}, f"{name}.json")
         result = lab.cli("create", "t", f"{name}.json", PYTHONPATH=site)
         assert result.returncode == 4, (name, result.stderr)

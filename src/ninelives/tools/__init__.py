@@ -250,7 +250,7 @@ class Registry:
             if ep.name == name:
                 try:
                     loaded = ep.load()
-                except Exception as exc:  # an installed package's import or name is broken
+                except (Exception, SystemExit) as exc:  # its import or name is broken
                     from ..journal import error_text
 
                     # A PlanError, as for a tool not installed: refused before any claim.
@@ -342,10 +342,13 @@ def load_tool_modules(registry: Registry, modules: Iterable[str]) -> Registry:
     here = os.getcwd()
     if here not in sys.path:
         sys.path.append(here)
+    # A module's own sys.exit (a script's argparse at import, say) is its failure
+    # to load too: its code would otherwise end the process with a code that
+    # means something else here (2 "task failed", 3 "busy").
     for module_name in modules:
         try:
             module = importlib.import_module(module_name)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             from ..journal import error_text
 
             raise InputError(
@@ -359,7 +362,7 @@ def load_tool_modules(registry: Registry, modules: Iterable[str]) -> Registry:
         if callable(register):
             try:
                 register(registry)
-            except Exception as exc:  # the module's own code: as if its import failed
+            except (Exception, SystemExit) as exc:  # its own code: as if its import failed
                 from ..journal import error_text
 
                 raise InputError(
