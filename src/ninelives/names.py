@@ -42,7 +42,11 @@ def check_stored_id(task_id: str) -> str:
     lone surrogates, which UTF-8 cannot encode, so no driver can send them; no
     stored id holds one either (:func:`check_task_id` refuses it at create).
     Such an id is therefore an unknown task, as the command line reports it.
+    One that is not text at all (a library caller's ``5`` or ``None``) is an
+    :class:`InvalidTaskId`, as :func:`check_task_id` says.
     """
+    if not isinstance(task_id, str):
+        check_task_id(task_id)
     try:
         task_id.encode("utf-8")
     except UnicodeEncodeError:

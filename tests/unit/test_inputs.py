@@ -188,3 +188,28 @@ def test_a_delay_too_long_to_sleep_is_refused(raw: str) -> None:
 
 def test_the_longest_delay_is_accepted() -> None:
     assert Settings.from_env({"AGENT_STEP_DELAY": "86400"}).step_delay == 86400
+
+
+@pytest.mark.parametrize("task_id", [5, None, b"t1", ["t1"]])
+def test_a_task_id_that_is_not_text_is_an_invalid_id_for_every_method(
+    tmp_path: Path, task_id: object
+) -> None:
+    # The library's methods took one for text (AttributeError: 'int' object has
+    # no attribute 'encode', from deep inside); a task id is data, refused as such.
+    import ninelives
+
+    plan = {"goal": "g", "steps": [{"tool": "fetch", "input": {"path": "x"}}]}
+    with ninelives.open(str(tmp_path / "state.db")) as rt:
+        rt.create("t1", plan)
+        before = [e.seq for e in rt.export("t1")]
+        calls = [
+            lambda: rt.status(task_id), lambda: rt.run(task_id), lambda: rt.export(task_id),
+            lambda: rt.cancel(task_id), lambda: rt.retry(task_id), lambda: rt.result(task_id),
+            lambda: rt.fork(task_id, "t2", start=0), lambda: rt.fork("t1", task_id, start=0),
+            lambda: rt.create(task_id, plan), lambda: rt.submit(task_id, plan),
+        ]  # fmt: skip
+        for call in calls:
+            with pytest.raises(InvalidTaskId, match="invalid task id"):
+                call()
+        assert [e.seq for e in rt.export("t1")] == before
+        assert rt.status("t1").status.value == "pending"
