@@ -213,3 +213,36 @@ def test_a_task_id_that_is_not_text_is_an_invalid_id_for_every_method(
                 call()
         assert [e.seq for e in rt.export("t1")] == before
         assert rt.status("t1").status.value == "pending"
+
+
+def _shout(step_input: object, ctx: object) -> dict[str, str]:
+    return {}
+
+
+@pytest.mark.parametrize(
+    ("name", "fn", "version", "why"),
+    [
+        ("", _shout, None, "name"), (5, _shout, None, "name"), (None, _shout, None, "name"),
+        ("shout", 5, None, "not callable"), ("shout", "shout", None, "not callable"),
+        ("shout", _shout, 2, "version"),
+    ],
+)  # fmt: skip
+def test_a_tool_declared_wrong_is_refused_where_it_is_declared(
+    name: object, fn: object, version: object, why: str
+) -> None:
+    # Registered before, each failed later and elsewhere: a tool no plan can
+    # name, a step that failed its attempts on "'int' object is not callable",
+    # a version journaled as a number beside the text every other one is.
+    from ninelives.errors import PlanError
+    from ninelives.tools import Registry, tool
+
+    registry = Registry(entry_points=False)
+    if version is None:  # register() takes none
+        with pytest.raises(PlanError, match=why):
+            registry.register(name, fn)  # type: ignore[arg-type]
+        with pytest.raises(PlanError, match=why):
+            registry.register(name)(fn)  # type: ignore[arg-type]
+    if name is not None:  # tool() names an unnamed function after it
+        with pytest.raises(PlanError, match=why):
+            tool(name, version=version)(fn)  # type: ignore[arg-type]
+    assert registry.names() == []

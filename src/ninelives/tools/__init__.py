@@ -185,6 +185,19 @@ def _argcount(fn: Callable[..., Any]) -> int | None:
 ON_UNKNOWN = ("rerun", "probe", "refuse")
 
 
+def check_declared(name: object, fn: object, version: object = None) -> None:
+    """Refuse a tool declared with a name that is not text (or empty), a function
+    that is not callable, or a version that is not text (:class:`PlanError`):
+    each would otherwise fail far from here, as a tool no plan can name or a step
+    failing its attempts."""
+    if not isinstance(name, str) or not name:
+        raise PlanError(f"a tool's name must be non-empty text, got {name!r}")
+    if not callable(fn):
+        raise PlanError(f"tool {name!r}: {fn!r} is not callable")
+    if version is not None and not isinstance(version, str):
+        raise PlanError(f"tool {name!r}: version must be a string, got {version!r}")
+
+
 def check_on_unknown(name: str, on_unknown: str, probe: object) -> None:
     """Refuse a tool declared with a mode that is not one of :data:`ON_UNKNOWN`,
     or with ``probe`` mode and no probe (:class:`~ninelives.errors.PlanError`)."""
@@ -214,10 +227,12 @@ class Registry:
         if fn is None:
 
             def decorator(func: ToolFn) -> ToolFn:
+                check_declared(name, func)
                 self._tools[name] = Tool(name=name, fn=func, validate=validate)
                 return func
 
             return decorator
+        check_declared(name, fn)
         self._tools[name] = Tool(name=name, fn=fn, validate=validate)
         return self._tools[name]
 
@@ -305,7 +320,8 @@ def tool(
     """
 
     def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
-        declared = name or str(getattr(fn, "__name__", ""))
+        declared = str(getattr(fn, "__name__", "")) if name is None else name
+        check_declared(declared, fn, version)
         check_on_unknown(declared, on_unknown, probe)
         module = getattr(fn, "__module__", "") or ""
         _DECLARED.setdefault(module, {})[declared] = Tool(
