@@ -76,6 +76,8 @@ def check_reason(reason: str | None) -> str | None:
     :data:`MAX_REASON_CHARS` characters, no NUL), else :class:`InputError`."""
     if reason is None:
         return None
+    if not isinstance(reason, str):
+        raise InputError(f"--reason must be text, got {reason!r}")
     if len(reason) > MAX_REASON_CHARS or "\x00" in reason:
         raise InputError(f"--reason must be at most {MAX_REASON_CHARS} characters, without NUL")
     try:

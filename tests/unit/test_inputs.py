@@ -246,3 +246,16 @@ def test_a_tool_declared_wrong_is_refused_where_it_is_declared(
         with pytest.raises(PlanError, match=why):
             tool(name, version=version)(fn)  # type: ignore[arg-type]
     assert registry.names() == []
+
+
+@pytest.mark.parametrize("reason", [5, b"why", ["why"]])
+def test_a_cancel_reason_that_is_not_text_is_bad_input(tmp_path: Path, reason: object) -> None:
+    # It raised TypeError ("object of type 'int' has no len()") from the check.
+    import ninelives
+
+    plan = {"goal": "g", "steps": [{"tool": "fetch", "input": {"path": "x"}}]}
+    with ninelives.open(str(tmp_path / "state.db")) as rt:
+        rt.create("t1", plan)
+        with pytest.raises(InputError, match="--reason must be text"):
+            rt.cancel("t1", reason=reason)  # type: ignore[arg-type]
+        assert rt.status("t1").status.value == "pending"
