@@ -157,6 +157,27 @@ def plan_from_dict(raw: Any) -> Plan:
     return Plan(goal=goal, steps=tuple(specs), agent=agent)
 
 
+def check_built(plan: Plan) -> Plan:
+    """``plan``, built in code rather than parsed, checked as :func:`plan_from_dict`
+    checks a parsed one (:class:`PlanError` else): its steps, their policies and
+    ``from`` references, and what a store can keep."""
+    steps = plan.steps
+    if not isinstance(steps, (tuple, list)) or not all(isinstance(s, StepSpec) for s in steps):
+        raise PlanError("plan 'steps' must be a tuple of StepSpec")
+    static = steps[:-1] if plan.agent is not None else steps  # the last: the agent's turn
+    for idx, spec in enumerate(static):
+        check_policy(spec.policy or {}, f"step {idx}", only=True)
+    raw = [{**(s.policy or {}), "tool": s.tool, "input": s.input} for s in static]
+    if plan.agent is None:
+        return plan_from_dict({"goal": plan.goal, "steps": raw})
+    _check_storable([plan.goal, raw])
+    if not isinstance(plan.goal, str):
+        raise PlanError("plan 'goal' must be a string")
+    for idx, step in enumerate(raw):
+        _step_spec(idx, step, {})
+    return plan
+
+
 def _check_storable(raw: Any) -> None:
     """Refuse JSON data that no store can hold as text: nested too deep, a lone
     surrogate, a NUL character, or not JSON data at all."""

@@ -197,3 +197,46 @@ def test_validate_checks_each_tool_and_its_input(step: dict[str, Any], fragment:
 def test_validate_accepts_relative_paths_with_dots_in_names() -> None:
     plan = plan_from_dict({"steps": [{"tool": "fetch", "input": {"path": "in/..notes/a..b.txt"}}]})
     validate(plan, _lookup)
+
+
+def _built(goal: Any = "g", steps: Any = None) -> Any:
+    from ninelives.plan import Plan, StepSpec
+
+    if steps is None:
+        steps = (StepSpec(tool="fetch", input={"path": "x"}),)
+    return Plan(goal=goal, steps=steps)
+
+
+def _spec(**fields: Any) -> Any:
+    from ninelives.plan import StepSpec
+
+    return StepSpec(**{"tool": "fetch", "input": {"path": "x"}, **fields})
+
+
+@pytest.mark.parametrize(
+    ("plan", "fragment"),
+    [
+        (_built(goal=5), "'goal' must be a string"),
+        (_built(steps=()), "no steps"),
+        (_built(steps=({"tool": "fetch"},)), "StepSpec"),
+        (_built(steps=(_spec(input=[1]),)), "input must be an object"),
+        (_built(steps=(_spec(tool=""),)), "has no tool"),
+        (_built(steps=(_spec(policy={"max_attempts": -5}),)), "'max_attempts' must be"),
+        (_built(steps=(_spec(policy={"bogus": 1}),)), "unknown key"),
+        (_built(steps=(_spec(tool="summarize", input={"from": 7}),)), "'from'"),
+        (_built(steps=(_spec(input={"path": "x", "n": "\x00"}),)), "NUL"),
+        (_built(goal="\ud800"), "not valid Unicode"),
+    ],
+)
+def test_a_plan_built_in_code_is_checked_as_a_parsed_one(
+    tmp_path: Any, plan: Any, fragment: str
+) -> None:
+    # A Plan given to create skipped every check of the plan's shape: a policy of
+    # -5 attempts ran once, a task with no steps was created and "done", an input
+    # that is a list raised AttributeError, as did a goal that is a number.
+    import ninelives
+
+    with ninelives.open(str(tmp_path / "state.db")) as rt:
+        with pytest.raises(PlanError, match=fragment):
+            rt.create("t1", plan)
+        assert rt.store.task_ids() == []

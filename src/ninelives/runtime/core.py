@@ -59,12 +59,14 @@ def prepare(
     Raises :class:`~ninelives.errors.InvalidTaskId` or :class:`~ninelives.errors.PlanError`.
     """
     # Plans and tools load here, not at import: `status` and `export` need neither.
-    from ..plan import Plan, load_plan, plan_from_dict, validate
+    from ..plan import Plan, check_built, load_plan, plan_from_dict, validate
 
     check_task_id(task_id)
     if isinstance(plan, Mapping):
         plan = plan_from_dict(dict(plan))
-    elif not isinstance(plan, Plan):
+    elif isinstance(plan, Plan):
+        plan = check_built(plan)
+    else:
         plan = load_plan(plan)
     validate(plan, tools.lookup)
     _check_storable(plan)
