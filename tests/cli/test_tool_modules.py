@@ -141,3 +141,38 @@ def test_an_entry_point_that_cannot_load_is_bad_input(lab: Lab) -> None:
     assert lab.cli("create", "t", "fine.json", PYTHONPATH=site).returncode == 0
     assert lab.cli("run", "t", PYTHONPATH=site).returncode == 0
     assert lab.snapshot("t").outputs[0] == {"ok": True}
+
+
+SHAPES = """
+from ninelives.tools import tool
+
+@tool("pair")
+def pair(step_input, ctx):
+    return {"pair": (1, 2), "more": Later(mark=[1])}
+
+@tool("look")
+def look(step_input, ctx):
+    seen = ctx.outputs[0]
+    return {"types": [type(seen["pair"]).__name__, type(seen["more"]).__name__], "seen": seen}
+
+class Later(dict):
+    pass
+"""
+
+
+def test_a_later_step_reads_an_output_as_committed_killed_in_between_or_not(lab: Lab) -> None:
+    # The next step of the same run got what the tool returned (a tuple, a dict
+    # subclass), a resumed run what was committed (a list, a dict): code that
+    # worked after a kill failed without one, or the other way round.
+    lab.write("shapes.py", SHAPES)
+    steps = [{"tool": name, "input": {}} for name in ("pair", "look")]
+    lab.write_plan({"goal": "g", "steps": steps}, "shapes.json")
+    tools = {"NINELIVES_TOOLS": "shapes"}
+    for task in ("whole", "killed"):
+        assert lab.cli("create", task, "shapes.json", **tools).returncode == 0
+    assert lab.cli("run", "whole", **tools).returncode == 0
+    assert lab.cli("run", "killed", AGENT_CRASH_AT="after_commit:0", **tools).returncode == -9
+    assert lab.cli("run", "killed", **tools).returncode == 0
+    whole, killed = lab.snapshot("whole").outputs, lab.snapshot("killed").outputs
+    assert whole[1]["types"] == ["list", "dict"]
+    assert whole == killed

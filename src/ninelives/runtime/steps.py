@@ -115,7 +115,9 @@ class StepRunner:
                 follow = self.record_done(
                     run, step, *result, last=step is pending[-1], took=time.monotonic() - began
                 )
-                ctx[step.idx] = result[0]
+                # The later steps read the output as committed, as a resumed run
+                # does: never the tool's own objects (a tuple, a dict subclass).
+                ctx[step.idx] = json.loads(result[1])
                 if follow is not None:
                     pending.extend(_appended(task_id, step.idx, follow))
                 break
