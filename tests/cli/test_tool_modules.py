@@ -85,7 +85,10 @@ def test_a_module_that_cannot_load_is_bad_input(lab: Lab) -> None:
     assert lab.fingerprint() == before
 
 
-FINE = "def fine(step_input, ctx, idem_key):\n    return {'ok': True}\n"
+FINE = (
+    "def fine(step_input, ctx, idem_key):\n    return {'ok': True}\n"
+    "def known(step_input, ctx):\n    return {'step': ctx.step}\n"
+)
 GONE = "def gone(step_input, ctx, idem_key):\n    return {}\n"
 
 
@@ -109,7 +112,7 @@ def test_an_entry_point_that_cannot_load_is_bad_input(lab: Lab) -> None:
     site = _install(
         lab.root,
         "renamed = lab_plugin:gone\nbroken = lab_broken:tool\nfine = lab_plugin:fine\n"
-        "exiting = lab_exiting:tool",
+        "exiting = lab_exiting:tool\nknown = lab_plugin:known",
         FINE,
     )
     (Path(site) / "lab_broken.py").write_text("raise RuntimeError('half-written')\n")
@@ -136,11 +139,13 @@ def test_an_entry_point_that_cannot_load_is_bad_input(lab: Lab) -> None:
     drained = lab.cli("worker", "--drain", "--poll", "0.1", PYTHONPATH=site)
     assert drained.returncode == 11, drained.stderr
     assert lab.cli("status", "later").json()["status"] == "pending"
-    # The control: the package's other tool loads and runs.
-    lab.write_plan({"goal": "g", "steps": [{"tool": "fine", "input": {}}]}, "fine.json")
+    # The control: the package's other tools load and run, in either form
+    # (one of (input, ctx) was called with three arguments before).
+    steps = [{"tool": "fine", "input": {}}, {"tool": "known", "input": {}}]
+    lab.write_plan({"goal": "g", "steps": steps}, "fine.json")
     assert lab.cli("create", "t", "fine.json", PYTHONPATH=site).returncode == 0
     assert lab.cli("run", "t", PYTHONPATH=site).returncode == 0
-    assert lab.snapshot("t").outputs[0] == {"ok": True}
+    assert lab.snapshot("t").outputs == {0: {"ok": True}, 1: {"step": 1}}
 
 
 SHAPES = """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -224,7 +225,8 @@ def _shout(step_input: object, ctx: object) -> dict[str, str]:
     [
         ("", _shout, None, "name"), (5, _shout, None, "name"), (None, _shout, None, "name"),
         ("shout", 5, None, "not callable"), ("shout", "shout", None, "not callable"),
-        ("shout", _shout, 2, "version"),
+        ("shout", _shout, 2, "version"), ("shout", lambda step_input: {}, None, "must take"),
+        ("shout", lambda a, b, c, d: {}, None, "must take"),
     ],
 )  # fmt: skip
 def test_a_tool_declared_wrong_is_refused_where_it_is_declared(
@@ -259,3 +261,41 @@ def test_a_cancel_reason_that_is_not_text_is_bad_input(tmp_path: Path, reason: o
         with pytest.raises(InputError, match="--reason must be text"):
             rt.cancel("t1", reason=reason)  # type: ignore[arg-type]
         assert rt.status("t1").status.value == "pending"
+
+
+class _Tools:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def with_context(self, step_input: object, ctx: Any) -> dict[str, Any]:
+        return {"form": "context", "step": ctx.step}
+
+    def contract(self, step_input: object, ctx: object, idem_key: str) -> dict[str, Any]:
+        return {"form": "contract", "key": idem_key}
+
+
+def test_every_form_of_tool_runs_whichever_way_it_is_registered(tmp_path: Path) -> None:
+    # registry.register took every function for the contract's (input, ctx,
+    # idem_key): an (input, ctx) one, which @tool takes, failed each attempt on
+    # "takes 2 positional arguments but 3 were given", as did a method of either
+    # form (its self counted as an argument).
+    import ninelives
+    from ninelives.tools import Registry
+
+    tools = _Tools()
+    registry = Registry(entry_points=False)
+    registry.register("lambda_context", lambda step_input, ctx: {"form": "context"})
+    registry.register("method_context", tools.with_context)
+    registry.register("method_contract", tools.contract)
+    registry.register("defaults", lambda step_input, ctx, idem_key, extra=1: {"form": "contract"})
+    names = ["lambda_context", "method_context", "method_contract", "defaults"]
+    plan = {"goal": "g", "steps": [{"tool": name, "input": {}} for name in names]}
+    with ninelives.open(str(tmp_path / "state.db"), tools=registry) as rt:
+        rt.create("t1", plan)
+        outputs = rt.run("t1").outputs()
+    assert outputs == {
+        0: {"form": "context"},
+        1: {"form": "context", "step": 1},
+        2: {"form": "contract", "key": "t1-2"},
+        3: {"form": "contract"},
+    }

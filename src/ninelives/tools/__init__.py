@@ -31,7 +31,9 @@ from typing import Any
 from ..durable import is_async_def
 from ..errors import InputError, PlanError
 
-ToolFn = Callable[[Mapping[str, Any], Mapping[int, Any], str], Mapping[str, Any]]
+#: A tool function: ``(input, ctx)`` with a :class:`ToolContext`, or the contract's
+#: ``(input, ctx, idem_key)`` with the outputs as ``ctx``.
+ToolFn = Callable[..., Mapping[str, Any]]
 Validator = Callable[[Mapping[str, Any]], None]
 
 ENTRY_POINT_GROUP = "ninelives.tools"
@@ -103,7 +105,7 @@ class Tool:
     def ask_probe(self, input: Mapping[str, Any], context: ToolContext) -> Mapping[str, Any] | None:
         """Call :attr:`probe` (which must be set) in whichever form it takes."""
         assert self.probe is not None
-        if _argcount(self.probe) == 2:
+        if _accepts(self.probe, 2) and not _accepts(self.probe, 1):
             answer = self.probe(input, context)
         else:
             answer = self.probe(context)
@@ -173,12 +175,20 @@ def _invoke(fn: Callable[..., Any], *args: Any) -> Mapping[str, Any]:
 
 
 def _takes_context(fn: Callable[..., Any]) -> bool:
-    return _argcount(fn) == 2
+    """The ``(input, ctx)`` form: two arguments, and not the contract's three."""
+    return _accepts(fn, 2) is True and not _accepts(fn, 3)
 
 
-def _argcount(fn: Callable[..., Any]) -> int | None:
+def _accepts(fn: object, count: int) -> bool | None:
+    """Whether ``fn`` takes ``count`` positional arguments (a method's ``self``
+    aside, defaults counted); None when its code does not say (``*args``, a
+    ``functools.partial``, an object with ``__call__``): it is called as given."""
     code = getattr(fn, "__code__", None)
-    return None if code is None else int(code.co_argcount)
+    if code is None or code.co_flags & 0x04:  # inspect.CO_VARARGS, without inspect's import
+        return None
+    most = int(code.co_argcount) - (getattr(fn, "__self__", None) is not None)
+    least = most - len(getattr(fn, "__defaults__", None) or ())
+    return least <= count <= most
 
 
 #: The modes of :attr:`Tool.on_unknown` (as ``on_unknown`` in a plan step).
@@ -194,6 +204,8 @@ def check_declared(name: object, fn: object, version: object = None) -> None:
         raise PlanError(f"a tool's name must be non-empty text, got {name!r}")
     if not callable(fn):
         raise PlanError(f"tool {name!r}: {fn!r} is not callable")
+    if _accepts(fn, 2) is False and _accepts(fn, 3) is False:
+        raise PlanError(f"tool {name!r} must take (input, ctx) or (input, ctx, idem_key)")
     if version is not None and not isinstance(version, str):
         raise PlanError(f"tool {name!r}: version must be a string, got {version!r}")
 
@@ -223,18 +235,20 @@ class Registry:
     def register(
         self, name: str, fn: ToolFn | None = None, *, validate: Validator | None = None
     ) -> Any:
-        """Register ``fn`` as tool ``name``; without ``fn``, return a decorator."""
+        """Register ``fn`` (either form of :data:`ToolFn`) as tool ``name``; without
+        ``fn``, return a decorator. :class:`PlanError` if it is declared wrong
+        (:func:`check_declared`)."""
         if fn is None:
 
             def decorator(func: ToolFn) -> ToolFn:
-                check_declared(name, func)
-                self._tools[name] = Tool(name=name, fn=func, validate=validate)
+                self.register(name, func, validate=validate)
                 return func
 
             return decorator
         check_declared(name, fn)
-        self._tools[name] = Tool(name=name, fn=fn, validate=validate)
-        return self._tools[name]
+        made = Tool(name=name, fn=fn, validate=validate, takes_context=_takes_context(fn))
+        self._tools[name] = made
+        return made
 
     def add(self, tool: Tool) -> Tool:
         """Register ``tool`` under its own name (replacing one of that name); return it."""
@@ -273,7 +287,11 @@ class Registry:
                         f"tool {name!r}, whose entry point {ep.value!r} cannot load: "
                         f"{error_text(exc)}"
                     ) from exc
-                tool = loaded if isinstance(loaded, Tool) else Tool(name=name, fn=loaded)
+                tool = (
+                    loaded
+                    if isinstance(loaded, Tool)
+                    else Tool(name=name, fn=loaded, takes_context=_takes_context(loaded))
+                )
                 self._tools[name] = tool
                 return tool
         return None
