@@ -267,6 +267,39 @@ def test_a_probe_that_is_async_never_passes_for_an_answer(lab: Lab, probe: str) 
     assert _verified(lab)["status"] == "blocked"
 
 
+METHOD_PROBE = """
+from ninelives import tool
+
+
+class Ledger:
+    def probe(self, ctx):
+        with open("effects.log") as log:
+            return {"charged": ctx.idem_key, "reconciled": True} if log.read() else None
+
+
+@tool("charge", on_unknown="probe", probe=Ledger().probe)
+def charge(input, ctx):
+    with open("effects.log", "a") as log:
+        log.write("charged\\n")
+    return {"charged": ctx.idem_key}
+"""
+
+
+def test_a_probe_that_is_a_method_is_asked_with_the_context(lab: Lab) -> None:
+    """A bound method ``probe(self, ctx)`` was called as ``probe(input, ctx)`` (its
+    ``self`` counted), so it could never tell and the step blocked (exit 8)."""
+    lab.write("mprobe_tools.py", METHOD_PROBE)
+    lab.base_env["NINELIVES_TOOLS"] = "mprobe_tools"
+    lab.write_plan({"goal": "pay once", "steps": [{"tool": "charge", "input": {}}]})
+    assert lab.cli("create", TASK, "plan.json").returncode == 0
+    _killed_at(lab, "after_effect")
+    resumed = lab.cli("run", TASK)
+    assert resumed.returncode == 0, resumed.stderr
+    assert effects(lab) == 1
+    step = _verified(lab)["steps"][0]  # type: ignore[index]
+    assert step["output"] == {"charged": f"{TASK}-0", "reconciled": True}
+
+
 def test_a_worker_parks_a_refused_step_and_goes_on(lab: Lab) -> None:
     """A worker that finds a step of unknown outcome with ``refuse`` parks the task,
     logs it and goes on (``--drain`` ends: nothing left it may run); once resolved,
