@@ -161,3 +161,23 @@ def test_unusable_folder_says_why_for_absolute_and_relative_paths(
         assert unusable_folder(f"{base}ok/new/deeper") is None  # made by the first write
         made_in = unusable_folder(f"{base}file/sub")
         assert made_in == f"cannot be made: {tmp_path}/file is not a folder"
+
+
+def test_a_name_too_long_for_its_temporary_file_is_refused_before_any_write(
+    tmp_path: Path,
+) -> None:
+    # A name of 234 to 255 bytes is a valid file name, but its temporary file
+    # (".NAME.<16 hex>.tmp") is not: the step failed each attempt on a bare
+    # OSError "File name too long" naming the temporary file.
+    with pytest.raises(ToolError, match="too long"):
+        publish_once(str(tmp_path), "n" * 240, b"x")
+    assert list(tmp_path.iterdir()) == []
+    longest = publish_once(str(tmp_path), "n" * 233, b"x")
+    assert Path(longest.path).read_bytes() == b"x"
+
+
+def test_text_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    # hashlib's "Strings must be encoded before hashing" named no fix.
+    with pytest.raises(TypeError, match="takes bytes"):
+        publish_once(str(tmp_path), "a.md", "text")  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []

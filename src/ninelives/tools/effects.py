@@ -73,6 +73,9 @@ def publish_once(
 ) -> Published:
     """Publish ``data`` as ``folder/name`` unless that name already holds it.
 
+    ``name`` is a plain file name (no ``/``, not hidden) of at most
+    :data:`MAX_NAME_BYTES` bytes, else a :class:`ToolError` before any write.
+
     Idempotent: a second call with the same content returns
     ``deduplicated=True`` and changes nothing. A different regular file already
     at the name is a :class:`ToolError`; with ``keep_other`` it is kept as it is
@@ -84,6 +87,13 @@ def publish_once(
     """
     if not name or "/" in name or name.startswith(".") or "\0" in name:
         raise ToolError(f"unsafe artifact name {name!r}")
+    if len(os.fsencode(name)) > MAX_NAME_BYTES:
+        raise ToolError(
+            f"artifact name {name[:40]!r}... is too long: at most {MAX_NAME_BYTES} bytes "
+            "(its temporary file's name must fit too)"
+        )
+    if isinstance(data, str):
+        raise TypeError(f"publish_once takes bytes, not {type(data).__name__}: encode text first")
     try:
         return _publish(folder, name, data, step, keep_other)
     except OSError as exc:
@@ -99,6 +109,11 @@ def publish_once(
                 "or dangling link is there or in its path): nothing was published; move it away"
             ) from None
         raise
+
+
+#: The longest artifact name: a file name's 255 bytes less what its temporary
+#: file adds (``.NAME.<16 hex digits>.tmp``, see :func:`_publish`).
+MAX_NAME_BYTES = 255 - 22
 
 
 def _publish(folder: str, name: str, data: bytes, step: int | None, keep_other: bool) -> Published:
