@@ -218,3 +218,30 @@ def test_a_folder_named_through_a_symlinked_project_still_moves_with_it(
     assert ran.returncode == 0, ran.stderr
     assert "WARNING" not in ran.stderr
     assert sorted(p.name for p in (again.root / "out").iterdir()) == ["u-2.md"]
+
+
+def _closed_runtime_refuses(db: str, *, readonly: bool) -> None:
+    import ninelives
+    from ninelives.errors import StoreError
+
+    rt = ninelives.open(db, readonly=readonly)
+    assert rt.status("t").status.value == "pending"
+    rt.close()
+    for call in (lambda: rt.status("t"), lambda: rt.export("t"), lambda: rt.run("t")):
+        with pytest.raises(StoreError, match="closed"):
+            call()
+    rt.close()  # closing again is harmless
+
+
+def test_a_closed_runtime_says_so_with_a_store_error(lab: Lab) -> None:
+    # PostgreSQL's made a new session, never closed again.
+    lab.guide_setup()
+    assert lab.cli("create", "t", "plan.json").returncode == 0
+    _closed_runtime_refuses(_db(lab), readonly=False)
+
+
+def test_a_closed_read_only_runtime_says_so_with_a_store_error(sqlite_lab: Lab) -> None:
+    # It raised a bare AssertionError from inside its reader.
+    sqlite_lab.guide_setup()
+    assert sqlite_lab.cli("create", "t", "plan.json").returncode == 0
+    _closed_runtime_refuses(_db(sqlite_lab), readonly=True)

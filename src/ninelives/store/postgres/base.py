@@ -1,8 +1,6 @@
 """PostgreSQL sessions for :mod:`ninelives.store.postgres`: connections, pipelined
-transactions, the schema's set-up, and the heartbeat that renews leases.
-
-With :mod:`~ninelives.store.postgres`, the only modules that import psycopg.
-"""
+transactions, the schema's set-up, and the heartbeat that renews leases. With
+:mod:`~ninelives.store.postgres`, the only modules that import psycopg."""
 
 from __future__ import annotations
 
@@ -166,9 +164,9 @@ class Heartbeat:
 
 
 class Session:
-    """One store's sessions: the runner's connection (made again when it breaks,
-    with its holder locks taken again) and its transactions. The state is set
-    up by :class:`~ninelives.store.postgres.store.PostgresStore`."""
+    """One store's sessions: the runner's connection (made again, holder locks and
+    all, when it breaks; never after close) and its transactions, the state set up
+    by :class:`~ninelives.store.postgres.store.PostgresStore`."""
 
     dialect = "postgres"
     url: str
@@ -186,6 +184,7 @@ class Session:
     _checks: list[Callable[[], None]]
     _refusals: list[Callable[[], Exception]]
     blobs: TableBlobs
+    _closed = False
 
     # -- connections --------------------------------------------------------
 
@@ -227,6 +226,8 @@ class Session:
         or when the server ended it while idle (:meth:`_ended_while_idle`)."""
         conn = self._conn
         if conn is None or conn.closed or conn.broken or self._ended_while_idle(conn):
+            if self._closed:
+                raise StoreError(f"database {self._shown} is closed")
             self._drop()
             conn = self._conn = self._connect()
             self._relock(conn)

@@ -511,3 +511,4 @@ class PostgresStore(StepCommits, PostgresHousekeeping, commits.SharedCommits):
             self._heartbeat.stop()
             self._heartbeat = None
         self._drop()
+        self._closed = True

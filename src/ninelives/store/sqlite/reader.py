@@ -217,7 +217,8 @@ class SQLiteReader(ReadOnly, SQLiteHousekeeping):
     def _reading(self, read: Callable[[sqlite3.Connection], T]) -> T:
         """``read`` in one read transaction; again through ``mode=ro`` if the file
         changed under an immutable read (a writer got in)."""
-        assert self._conn is not None
+        if self._conn is None:
+            raise StoreError(f"cannot read database {self.url}: it is closed")
         try:
             result = self._transaction(self._conn, read)
         except sqlite3.Error as exc:
