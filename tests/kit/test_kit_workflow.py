@@ -161,6 +161,14 @@ def test_bad_kit_arguments_are_refused() -> None:
         KillKit(workflow="w", args=[float("nan")])
 
 
+@pytest.mark.parametrize("path", ["/input/notes.txt", "../notes.txt", "input/../../x", ""])
+def test_a_file_outside_the_scratch_folder_is_refused(path: str) -> None:
+    # A leading slash (a typo for "input/notes.txt") wrote /input/notes.txt on the
+    # machine running the tests, and ".." above the scratch folder, at each case.
+    with pytest.raises(ValueError, match="inside the scratch folder"):
+        KillKit({"steps": [{"tool": "fetch", "input": {"path": "x"}}]}, files={path: "x"})
+
+
 def test_a_workflow_that_fails_its_baseline_says_so(tmp_path: Path) -> None:
     project = _project(tmp_path / "missing", MATRIX.replace('"shout_flow"', '"nope"'))
     result = subprocess.run(

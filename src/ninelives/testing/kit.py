@@ -115,7 +115,8 @@ class KillKit:
     arguments (a list: positional, a dict: keyword; they must be JSON) and
     ``tools`` the module(s) that define it (comma-separated, as ``--tools``).
     ``files`` maps relative paths to text written into every scratch folder
-    before the task is created; ``env`` adds variables for every command;
+    before the task is created (an absolute path, or one that climbs out with
+    ``..``, is a ``ValueError``); ``env`` adds variables for every command;
     ``artifact_tools`` names the tools (or workflow steps) that publish with
     :func:`~ninelives.tools.effects.publish_once` (their steps also get the
     artifact crash points); ``negative_env`` and ``effects`` are described in
@@ -140,6 +141,10 @@ class KillKit:
         if (plan is None) == (workflow is None):
             raise ValueError("give a plan or a workflow, not both or neither")
         self.files = dict(files or {})
+        for relpath in self.files:
+            # A leading slash would write on the machine itself, at every case.
+            if not relpath or os.path.isabs(relpath) or ".." in Path(relpath).parts:
+                raise ValueError(f"files: {relpath!r} is not a path inside the scratch folder")
         self.env = dict(env or {})
         self.task_id = task_id
         self.artifact_tools = tuple(artifact_tools)
