@@ -250,7 +250,7 @@ class Registry:
             if ep.name == name:
                 try:
                     loaded = ep.load()
-                except Exception as exc:  # an installed package's import or name is broken
+                except (Exception, SystemExit) as exc:  # its import or name is broken
                     from ..journal import error_text
 
                     # A PlanError, as for a tool not installed: refused before any claim.
@@ -345,7 +345,10 @@ def load_tool_modules(registry: Registry, modules: Iterable[str]) -> Registry:
     for module_name in modules:
         try:
             module = importlib.import_module(module_name)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
+            # SystemExit too: a module ending the process as it loads (a script's
+            # `sys.exit(main())`) would end the command silently with its code,
+            # 0 reading as "done" for a task not even claimed.
             from ..journal import error_text
 
             raise InputError(
@@ -359,7 +362,7 @@ def load_tool_modules(registry: Registry, modules: Iterable[str]) -> Registry:
         if callable(register):
             try:
                 register(registry)
-            except Exception as exc:  # the module's own code: as if its import failed
+            except (Exception, SystemExit) as exc:  # its own code: as if its import failed
                 from ..journal import error_text
 
                 raise InputError(
