@@ -41,7 +41,7 @@ from .errors import (
     WorkflowDiverged,
     WorkflowError,
 )
-from .journal import dumps, encode_output, error_text
+from .journal import clean_error, dumps, encode_output, error_text
 from .models import AGENT_TOOL, APPROVAL_TOOL, Run, Step, StepStatus, Task
 from .policy import USER_ERRORS, Limits, StepTimeout, is_cancel, limits_for
 from .replay_chat import ChatCalls
@@ -342,7 +342,9 @@ class WorkflowContext(ChatCalls):
                 if found is not None:
                     output = encode_output({"value": found}, rt.settings.max_output)
             except (Exception, SystemExit) as exc:  # the probe could not tell (see USER_ERRORS)
-                block = f"the probe raised {error_text(exc)}"
+                # Kept as a plan's probe's reason is: a lone surrogate escaped (no
+                # store keeps one as text) and a long message cut short.
+                block = clean_error(f"the probe raised {error_text(exc)}")
         from .runtime.waits import settle_probed
 
         settle_probed(rt, run, step, output, block)
