@@ -561,7 +561,7 @@ def call(flow: Workflow, ctx: WorkflowContext, spec: WorkflowSpec) -> Any:
             raise  # the runtime's own (cancelled, parked, lease lost): as for a plan
         raise WorkflowError(
             f"task {ctx.task_id!r}: workflow {flow.name!r} raised outside a step, after "
-            f"{ctx._next} step call(s): {error_text(exc)}; nothing was written for "
+            f"{ctx._next} step call(s): {clean_error(error_text(exc))}; nothing was written for "
             "it: fix the code and run again"
         ) from None
     finally:

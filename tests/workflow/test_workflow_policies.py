@@ -111,6 +111,12 @@ def raises(ctx):
     raise KeyError("no such field")
 
 
+@ninelives.workflow
+def raises_long(ctx):
+    ctx.step("first", log, "first")
+    raise ValueError("page: " + "z" * 100_000)
+
+
 @ninelives.step(max_attempts=3, backoff=False)
 def chunks(n):
     step = ninelives.current_step()
@@ -265,6 +271,18 @@ def test_code_that_raises_between_steps_stops_with_one_line(flow_lab: Lab) -> No
     assert "KeyError" in stopped.stderr
     assert "after 1 step call(s)" in stopped.stderr
     assert lab.cli("status", "t", "--json").json()["status"] == "running"
+
+
+def test_a_long_error_between_steps_is_cut_as_a_steps_is(flow_lab: Lab) -> None:
+    # All of a 100 000-character message went onto the run's one error line
+    # (and each replay-check line), where a step's error is cut at 2000.
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", "raises_long").returncode == 0
+    for args in (("run", "t"), ("replay-check", "t")):
+        stopped = lab.cli(*args)
+        assert stopped.returncode in (12, 7), stopped.returncode
+        assert "ValueError: page: zzz" in stopped.stderr + stopped.stdout
+        assert len(stopped.stderr + stopped.stdout) < 3000, args
 
 
 def test_bad_arguments_are_refused_at_create_and_nothing_is_stored(flow_lab: Lab) -> None:
