@@ -244,16 +244,26 @@ class WorkflowDiverged(WorkflowError):
     raised in a run it stands even if the workflow catches it.
 
     ``task_id``, ``step`` (k), ``stored`` (the journal's name) and ``called``
-    (the code's, None when it returned) say where."""
+    (the code's, None when it returned) say where; ``kinds`` (the journal's and
+    the code's, such as ``("approval", "step")``) when the names are the same
+    but one is an approval and the other a step."""
 
     def __init__(
-        self, message: str, *, task_id: str, step: int, stored: str, called: str | None
+        self,
+        message: str,
+        *,
+        task_id: str,
+        step: int,
+        stored: str,
+        called: str | None,
+        kinds: tuple[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.task_id = task_id
         self.step = step
         self.stored = stored
         self.called = called
+        self.kinds = kinds
 
 
 class VerificationFailed(NineLivesError):

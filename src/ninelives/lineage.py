@@ -25,7 +25,7 @@ from typing import Any
 
 from .errors import InputError, PlanTampered, TaskCancelled
 from .journal import dumps, storable
-from .models import Step, StepStatus, Task, TaskStatus
+from .models import Step, StepStatus, Task, TaskStatus, is_workflow
 
 #: Labels the chain, so that a digest of another kind can never match one of ours.
 _CHAIN = "ninelives-plan-v1"
@@ -105,12 +105,25 @@ def fork_steps(source: Task, start: int, appended_by: Mapping[int, int]) -> list
     appended it (``step_appended``'s ``by``): a step appended by a turn at or
     after ``start`` is left out, since that turn runs again in the fork and
     appends what its new reply asks for. Raises :class:`InputError` unless
-    ``start`` is one of the source's steps and every step before it is done.
+    ``start`` is one of the source's steps (or, for a workflow task, one past
+    the last) and every step before it is done.
     """
-    if not 0 <= start < len(source.steps):
+    count = len(source.steps)
+    # A workflow task's steps are those its code reached: a fork from one past
+    # the last keeps every committed step and runs the code on from there (after
+    # a cancel, the one fork that runs no done step's effect again).
+    workflow = is_workflow(source.goal)
+    if not 0 <= start < count + workflow:
+        if workflow:
+            raise InputError(
+                f"--from {start}: task {source.id!r} has steps 0-{count - 1}; --from {count} "
+                "keeps them all and runs the workflow on from there"
+                if count
+                else f"--from {start}: task {source.id!r} has no steps yet: --from 0 runs it"
+            )
         raise InputError(
-            f"--from {start}: task {source.id!r} has steps 0-{len(source.steps) - 1}"
-            if source.steps
+            f"--from {start}: task {source.id!r} has steps 0-{count - 1}"
+            if count
             else f"task {source.id!r} has no steps to fork from"
         )
     undone = [s.idx for s in source.steps[:start] if s.status is not StepStatus.DONE]

@@ -41,7 +41,7 @@ from .errors import (
     WorkflowDiverged,
     WorkflowError,
 )
-from .journal import dumps, encode_output, error_text
+from .journal import clean_error, dumps, encode_output, error_text
 from .models import AGENT_TOOL, APPROVAL_TOOL, Run, Step, StepStatus, Task
 from .policy import USER_ERRORS, Limits, StepTimeout, is_cancel, limits_for
 from .replay_chat import ChatCalls
@@ -66,6 +66,12 @@ class Released(BaseException):
     """Unwinds the workflow when its runner stops before a step (a worker's
     ``stop``, a wait past ``max_wait``, a replay-only run reaching new work):
     not an error, and user code cannot swallow it by ``except Exception``."""
+
+
+def is_approval(step: Step) -> bool:
+    """Whether a workflow's stored step is a ``ctx.approval``: its input holds the
+    prompt, where a step's holds its ``args`` and ``kwargs`` (or nothing)."""
+    return isinstance(step.input, Mapping) and "prompt" in step.input
 
 
 def value_of(output: Mapping[str, Any] | None) -> Any:
@@ -237,8 +243,14 @@ class WorkflowContext(ChatCalls):
         idx = self._next
         self._next += 1
         stored = self._steps.get(idx)
-        if stored is not None and stored.tool != name and not self._unsafe_names:
-            self._diverge(idx, stored.tool, name)
+        if stored is not None and not self._unsafe_names:
+            if stored.tool != name:
+                self._diverge(idx, stored.tool, name)
+            # An approval and a step of one name are still other calls: replayed,
+            # the approval's answer would be the step's value, its function never run.
+            if is_approval(stored) != (given is not None):
+                kinds = ("approval", "step") if given is None else ("step", "approval")
+                self._diverge(idx, stored.tool, name, kinds)
         if stored is not None and stored.status is StepStatus.DONE:
             return stored, None
         if self._rt is None or self._run is None:
@@ -255,18 +267,21 @@ class WorkflowContext(ChatCalls):
         self.dead = Released()
         raise self.dead
 
-    def _diverge(self, idx: int, stored: str, called: str | None) -> NoReturn:
+    def _diverge(
+        self, idx: int, stored: str, called: str | None, kinds: tuple[str, str] | None = None
+    ) -> NoReturn:
         more = len(self._steps) - idx - 1
+        held, calls = (f"{kinds[0]} ", f"{kinds[1]} ") if kinds else ("", "")
         did = (
-            f"the code calls {called!r}"
+            f"the code calls {calls}{called!r}"
             if called is not None
             else f"the code returns before calling it (and {more} more)"
         )
         self.dead = WorkflowDiverged(
-            f"task {self.task_id!r} step {idx}: the journal holds {stored!r}, {did}: the code "
-            "no longer matches the task's journal; its steps are left as they were (run it "
+            f"task {self.task_id!r} step {idx}: the journal holds {held}{stored!r}, {did}: the "
+            "code no longer matches the task's journal; its steps are left as they were (run it "
             "with the code it was created with)",
-            task_id=self.task_id, step=idx, stored=stored, called=called,
+            task_id=self.task_id, step=idx, stored=stored, called=called, kinds=kinds,
         )  # fmt: skip
         raise self.dead
 
@@ -342,7 +357,9 @@ class WorkflowContext(ChatCalls):
                 if found is not None:
                     output = encode_output({"value": found}, rt.settings.max_output)
             except (Exception, SystemExit) as exc:  # the probe could not tell (see USER_ERRORS)
-                block = f"the probe raised {error_text(exc)}"
+                # Kept as a plan's probe's reason is: a lone surrogate escaped (no
+                # store keeps one as text) and a long message cut short.
+                block = clean_error(f"the probe raised {error_text(exc)}")
         from .runtime.waits import settle_probed
 
         settle_probed(rt, run, step, output, block)
@@ -559,7 +576,7 @@ def call(flow: Workflow, ctx: WorkflowContext, spec: WorkflowSpec) -> Any:
             raise  # the runtime's own (cancelled, parked, lease lost): as for a plan
         raise WorkflowError(
             f"task {ctx.task_id!r}: workflow {flow.name!r} raised outside a step, after "
-            f"{ctx._next} step call(s): {error_text(exc)}; nothing was written for "
+            f"{ctx._next} step call(s): {clean_error(error_text(exc))}; nothing was written for "
             "it: fix the code and run again"
         ) from None
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from errorlines import one_line
 from ninelives.testing import Lab
 from ninelives.testing.lab import GUIDE_PLAN
 
@@ -69,13 +70,9 @@ def test_a_module_that_cannot_load_is_bad_input(lab: Lab) -> None:
     # Its register() raises, or cannot take the registry.
     lab.write("failing_tools.py", "def register(registry):\n    raise RuntimeError('no db')\n")
     lab.write("wrong_tools.py", "def register():\n    pass\n")
-    # A script's sys.exit at import (exit 2 read as "task failed", 3 as "busy").
-    lab.write("exiting_tools.py", "import sys\nsys.exit(3)\n")
-    lab.write("quitting_tools.py", "import sys\ndef register(registry):\n    sys.exit(2)\n")
     before = lab.fingerprint()
     for spec in (
         "no_such_module", "broken_tools", "not a module", "a..b", "failing_tools", "wrong_tools",
-        "exiting_tools", "quitting_tools",
     ):  # fmt: skip
         result = lab.cli("--tools", spec, "create", "t", "plan.json")
         assert result.returncode == 4, (spec, result.stderr)
@@ -116,7 +113,7 @@ def test_an_entry_point_that_cannot_load_is_bad_input(lab: Lab) -> None:
         FINE,
     )
     (Path(site) / "lab_broken.py").write_text("raise RuntimeError('half-written')\n")
-    (Path(site) / "lab_exiting.py").write_text("import sys\nsys.exit(3)\n")
+    (Path(site) / "lab_exiting.py").write_text("import sys\nsys.exit(0)\n")
     before = lab.fingerprint()
     for name in ("renamed", "broken", "exiting"):
         lab.write_plan({"goal": "g", "steps": [{"tool": name, "input": {}}]}, f"{name}.json")
@@ -181,3 +178,36 @@ def test_a_later_step_reads_an_output_as_committed_killed_in_between_or_not(lab:
     whole, killed = lab.snapshot("whole").outputs, lab.snapshot("killed").outputs
     assert whole[1]["types"] == ["list", "dict"]
     assert whole == killed
+
+
+EXITS = {
+    "exit_zero": "import sys\nsys.exit(0)\n",
+    "exit_three": "import sys\nsys.exit(3)\n",
+    "exit_text": "import sys\nsys.exit('leaving')\n",
+    "exit_in_register": "import sys\n\ndef register(registry):\n    sys.exit(0)\n",
+}
+FLOW = "import ninelives\n\n@ninelives.workflow('w')\ndef w(ctx):\n    return ctx.step('s', int)\n"
+
+
+def test_a_module_that_calls_sys_exit_as_it_loads_is_bad_input(lab: Lab) -> None:
+    # A module that ends the process as it loads (a script's `sys.exit(main())`
+    # at the bottom, a command-line helper imported by it): the command ended
+    # silently with that code, so `create` and `run` said 0 ("done") having done
+    # nothing, and 3 read as another process running the task.
+    lab.guide_setup()
+    lab.write("flows.py", FLOW)
+    for name, text in EXITS.items():
+        lab.write(f"{name}.py", text)
+    assert lab.cli("--tools", "flows", "create", "w", "--workflow", "w").returncode == 0
+    before = lab.fingerprint()
+    for name in EXITS:
+        tools = {"NINELIVES_TOOLS": f"flows,{name}"}
+        for args in (
+            ("create", "t", "--workflow", "w"), ("run", "w"), ("replay-check", "--all"),
+            ("worker", "--drain", "--poll", "0.1"),
+        ):  # fmt: skip
+            one_line(lab.cli(*args, **tools), 4, f"cannot load tools from module {name!r}")
+    assert lab.fingerprint() == before
+    # The control: the workflow's own module alone loads and runs it.
+    ran = lab.cli("run", "w", NINELIVES_TOOLS="flows")
+    assert ran.returncode == 0, ran.stderr

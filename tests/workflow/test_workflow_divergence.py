@@ -225,3 +225,55 @@ def test_doctor_sends_a_stopped_workflow_task_to_replay_check_first(flow_lab: La
     assert lab.cli("run", "p", AGENT_CRASH_AT="after_effect:0").returncode == -9
     plain = next(x for x in lab.cli("doctor").stdout.splitlines() if x.startswith("running: p:"))
     assert plain.endswith("(its process died) (fix: ninelives run p)"), plain
+
+
+KINDS = """
+import os
+
+import ninelives
+
+
+def five():
+    with open("calls.log", "a") as f:
+        f.write("five\\n")
+    return 5
+
+
+@ninelives.workflow
+def review(ctx):
+    if os.environ.get("AS") == "step":
+        got = ctx.step("ok", five)
+    else:
+        got = ctx.approval("ok", "go?")
+    return {"got": got, "then": ctx.step("then", five)}
+"""
+
+
+@pytest.mark.parametrize(("first", "then"), [("approval", "step"), ("step", "approval")])
+def test_a_step_that_became_an_approval_of_its_name_diverges(
+    lab: Lab, first: str, then: str
+) -> None:
+    """``ctx.approval("ok")`` changed into ``ctx.step("ok", fn)`` (or back) keeps
+    the name, and the name was all replay compared: the approval's answer,
+    ``{"approved": true}``, was returned as the step's value, its function never
+    called, and replay-check found nothing."""
+    lab.write("kinds.py", KINDS)
+    lab.base_env["NINELIVES_TOOLS"] = "kinds"
+    assert lab.cli("create", "t", "--workflow", "review").returncode == 0
+    if first == "approval":
+        assert lab.cli("run", "t", AS=first).returncode == 8
+        assert lab.cli("approve", "t", "0").returncode == 0
+    else:
+        assert lab.cli("run", "t", AS=first, AGENT_CRASH_AT="after_commit:0").returncode == -9
+        (lab.root / "calls.log").unlink()
+    before = lab.cli("status", "t", "--json", "--outputs").json()["steps"]
+    checked = lab.cli("replay-check", "t", AS=then)
+    assert checked.returncode == 7, checked.stdout
+    assert checked.stdout.startswith(f"t: step 0: journal {first} 'ok', code {then} 'ok'")
+    refused = lab.cli("run", "t", AS=then)
+    assert refused.returncode == 12, refused.stderr
+    assert f"the journal holds {first} 'ok', the code calls {then} 'ok'" in refused.stderr
+    assert lab.cli("status", "t", "--json", "--outputs").json()["steps"] == before
+    assert not (lab.root / "calls.log").exists()
+    resumed = lab.cli("run", "t", AS=first)
+    assert resumed.returncode == 0, resumed.stderr

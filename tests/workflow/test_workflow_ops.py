@@ -64,6 +64,39 @@ def test_a_fork_reuses_the_outputs_before_its_step_and_runs_the_rest(
     assert lab.cli("verify", "f").returncode == 0
 
 
+def test_a_cancelled_workflow_task_forks_past_its_last_step_and_its_code_carries_on(
+    flow_lab: Lab,
+) -> None:
+    """A workflow task's steps are those its code reached, so `--from` one past the
+    last is the fork that keeps every committed step: it was refused ("has steps
+    0-1"), and after a cancel the only fork left ran a done step's effect again.
+    A task cancelled before its first step forks from 0 (it said "no steps")."""
+    lab = flow_lab
+    _halfway(lab, "t")
+    assert lab.cli("cancel", "t").returncode == 0
+    forked = lab.cli("fork", "t", "f", "--from", "2")
+    assert forked.returncode == 0, forked.stderr
+    assert "2 step(s) copied done, 0 to run" in forked.stdout
+    done = lab.cli("run", "f")
+    assert done.returncode == 0, done.stderr
+    assert lab.cli("status", "f", "--json").json()["result"] == EXPECTED
+    assert _calls(lab).count("read T") == 1
+    assert lab.cli("verify", "f").returncode == 0
+    before = lab.fingerprint()
+    refused = lab.cli("fork", "t", "g", "--from", "3")
+    assert refused.returncode == 4, refused.stderr
+    assert refused.stderr.strip().splitlines() == [
+        "ninelives: error: --from 3: task 't' has steps 0-1; --from 2 keeps them all "
+        "and runs the workflow on from there"
+    ]
+    assert lab.fingerprint() == before
+    assert lab.cli("create", "e", "--workflow", "triage", "--args", '["T"]').returncode == 0
+    assert lab.cli("cancel", "e").returncode == 0
+    assert lab.cli("fork", "e", "e2", "--from", "0").returncode == 0
+    assert lab.cli("run", "e2").returncode == 0
+    assert lab.cli("status", "e2", "--json").json()["result"] == EXPECTED
+
+
 def test_gc_then_a_reused_id_is_refused(flow_lab: Lab) -> None:
     """A new task under a removed id would reuse the old one's idempotency keys."""
     lab = flow_lab

@@ -111,6 +111,12 @@ def raises(ctx):
     raise KeyError("no such field")
 
 
+@ninelives.workflow
+def raises_long(ctx):
+    ctx.step("first", log, "first")
+    raise ValueError("page: " + "z" * 100_000)
+
+
 @ninelives.step(max_attempts=3, backoff=False)
 def chunks(n):
     step = ninelives.current_step()
@@ -265,6 +271,18 @@ def test_code_that_raises_between_steps_stops_with_one_line(flow_lab: Lab) -> No
     assert "KeyError" in stopped.stderr
     assert "after 1 step call(s)" in stopped.stderr
     assert lab.cli("status", "t", "--json").json()["status"] == "running"
+
+
+def test_a_long_error_between_steps_is_cut_as_a_steps_is(flow_lab: Lab) -> None:
+    # All of a 100 000-character message went onto the run's one error line
+    # (and each replay-check line), where a step's error is cut at 2000.
+    lab = flow_lab
+    assert lab.cli("create", "t", "--workflow", "raises_long").returncode == 0
+    for args in (("run", "t"), ("replay-check", "t")):
+        stopped = lab.cli(*args)
+        assert stopped.returncode in (12, 7), stopped.returncode
+        assert "ValueError: page: zzz" in stopped.stderr + stopped.stdout
+        assert len(stopped.stderr + stopped.stdout) < 3000, args
 
 
 def test_bad_arguments_are_refused_at_create_and_nothing_is_stored(flow_lab: Lab) -> None:
@@ -423,4 +441,51 @@ def test_a_probe_that_returns_a_coroutine_blocks_the_step_in_one_line(lab: Lab) 
     assert _error_lines(blocked.stderr) == 1
     assert "the probe returned an awaitable" in blocked.stderr
     assert lab.cli("status", "t", "--json").json()["status"] == "blocked"
+    assert lab.cli("verify", "t").returncode == 0
+
+
+RAISING_PROBE = """
+import os
+
+import ninelives
+
+
+def probe(ctx):
+    if os.environ.get("PROBE") == "surrogate":
+        raise ValueError("lookup of caf\\udce9 failed")  # a name read with surrogateescape
+    raise ValueError("y" * 100_000)
+
+
+@ninelives.step(name="post", on_unknown="probe", probe=probe)
+def post():
+    return {"posted": True}
+
+
+@ninelives.workflow
+def probed(ctx):
+    return post()
+"""
+
+
+@pytest.mark.parametrize("probe", ["surrogate", "long"])
+def test_a_probe_that_raises_blocks_the_step_with_its_error_as_a_plans_does(
+    lab: Lab, probe: str
+) -> None:
+    """A workflow step's probe raising with a lone surrogate in its message stopped
+    every run with exit 12, "raised outside a step: UnicodeEncodeError", the step
+    left running; with a long message, all of it went into the journal and onto
+    stderr. Its reason is kept as a plan's probe's is: escaped, at most 2000 characters."""
+    lab.write("rprobes.py", RAISING_PROBE)
+    lab.base_env["NINELIVES_TOOLS"] = "rprobes"
+    assert lab.cli("create", "t", "--workflow", "probed").returncode == 0
+    assert lab.cli("run", "t", AGENT_CRASH_AT="after_effect:0").returncode == -9
+    blocked = lab.cli("run", "t", PROBE=probe)
+    assert blocked.returncode == 8, blocked.stderr
+    assert _error_lines(blocked.stderr) == 1
+    assert "the probe raised ValueError" in blocked.stderr
+    assert len(blocked.stderr) < 3000, len(blocked.stderr)
+    assert lab.cli("status", "t", "--json").json()["status"] == "blocked"
+    exported = lab.cli("export", "t")
+    assert exported.returncode == 0, exported.stderr
+    assert len(exported.stdout) < 6000, len(exported.stdout)
     assert lab.cli("verify", "t").returncode == 0

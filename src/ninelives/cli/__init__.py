@@ -224,6 +224,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SystemExit:  # --help, --version: argparse printed and exits
             output.flush()
             raise
+        except (Exception, KeyboardInterrupt):
+            raise  # an Exception not ours is a defect: its traceback is the report
+        except BaseException as exc:
+            raise _stopped_by(exc) from None
         output.flush()
         return code
     except NineLivesError as exc:
@@ -243,6 +247,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return _reader_gone(0)
+
+
+def _stopped_by(exc: BaseException) -> StoreError:
+    """The error of a BaseException user code raised (GeneratorExit, a library's
+    own timeout or a test framework's failure) in a tool, a step or between a
+    workflow's steps: no attempt can record it as its error, so it ends the run
+    as it ends a worker's slot (exit 5), a step left running for the next run to
+    recover, as after a kill."""
+    from ..journal import clean_error, error_text
+
+    said = error_text(exc).removesuffix(": ")  # GeneratorExit() says nothing more
+    return StoreError(
+        f"stopped by {clean_error(said)}, raised by code this command ran (a "
+        "tool, a step or a workflow): it is not an Exception, so no attempt can record it "
+        "as its error; a step it left running is recovered by the next run, as after a kill "
+        "(raise an Exception instead)"
+    )
 
 
 def _reader_gone(code: int) -> int:

@@ -159,9 +159,10 @@ def cmd_replay_check(args: argparse.Namespace) -> int:
                 found.append(f"{task_id}: cannot be replayed here: {diverged}")
             elif diverged is not None:
                 called = diverged.called if diverged.called is not None else "(returns)"
+                held, calls = (f"{k} " for k in diverged.kinds) if diverged.kinds else ("", "")
                 found.append(
-                    f"{diverged.task_id}: step {diverged.step}: journal {diverged.stored!r}, "
-                    f"code {called!r}"
+                    f"{diverged.task_id}: step {diverged.step}: journal {held}"
+                    f"{diverged.stored!r}, code {calls}{called!r}"
                 )
     with findings():
         for line in found:

@@ -377,8 +377,8 @@ def load_tool_modules(registry: Registry, modules: Iterable[str]) -> Registry:
     if here not in sys.path:
         sys.path.append(here)
     # A module's own sys.exit (a script's argparse at import, say) is its failure
-    # to load too: its code would otherwise end the process with a code that
-    # means something else here (2 "task failed", 3 "busy").
+    # to load too: it would end the command silently with its code, 0 reading as
+    # "done" for a task not even claimed, 3 as "busy".
     for module_name in modules:
         try:
             module = importlib.import_module(module_name)
