@@ -3,6 +3,7 @@ task publishes to (recorded at create), and ``Runtime.submit`` (create or resume
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 import subprocess
@@ -137,6 +138,42 @@ def test_submit_creates_then_resumes_and_refuses_another_plan(lab: Lab) -> None:
     assert "PlanMismatch: task 't' already exists with a different plan" in other.stderr
     assert lab.fingerprint("t") == before
     assert lab.snapshot("t").status["steps"][1]["attempts"] == 1  # nothing re-ran
+
+
+AGENT_PLAN = {
+    "goal": "Summarize the notes into a report",
+    "steps": [{"tool": "fetch", "input": {"path": "input/notes.txt"}}],
+    "agent": {"tools": ["write_artifact"], "max_turns": 4},
+}
+
+
+def test_submit_again_after_an_agent_appended_steps_resumes_it(lab: Lab) -> None:
+    # The plan's own steps were compared with every stored one: once a turn had
+    # appended its calls, the documented submit-then-run after a restart raised
+    # PlanMismatch on every start, and the agent task could not be resumed.
+    lab.guide_setup()
+    lab.write_plan(AGENT_PLAN, "agent.json")
+    killed = _python(lab, SUBMIT, _db(lab), "agent.json", AGENT_CRASH_AT="after_commit:2")
+    assert killed.returncode == -9
+    assert len(lab.cli("status", "t", "--json").json()["steps"]) > 2  # a turn appended
+    resumed = _python(lab, SUBMIT, _db(lab), "agent.json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.split() == ["submitted", "running", "done"]
+
+
+def test_submit_of_the_same_steps_under_another_policy_is_another_plan(lab: Lab) -> None:
+    # Policies were not compared: a plan changed to on_unknown "refuse" (at most
+    # once) was answered with the stored task, which still reruns the effect.
+    lab.guide_setup()
+    assert _python(lab, SUBMIT, _db(lab), "plan.json").returncode == 0
+    plan = json.loads((lab.root / "plan.json").read_text())
+    plan["defaults"] = {"on_unknown": "refuse"}
+    lab.write_plan(plan, "refuse.json")
+    before = lab.fingerprint("t")
+    other = _python(lab, SUBMIT, _db(lab), "refuse.json")
+    assert other.returncode == 1
+    assert "PlanMismatch: task 't' already exists with a different plan" in other.stderr
+    assert lab.fingerprint("t") == before
 
 
 def test_a_worker_given_another_folder_publishes_where_the_task_began(lab: Lab) -> None:

@@ -150,7 +150,8 @@ class Runtime(StepRunner):
 
         Safe to call again after a crash or a restart: the second call returns
         the stored task (done, failed or half-way), ready for :meth:`run`, which
-        resumes it. A task of that id with a different goal or steps raises
+        resumes it (an agent task with the steps its turns appended). A task of
+        that id with a different goal, steps or step policies raises
         :class:`~ninelives.errors.PlanMismatch`, changing nothing. A workflow
         task is the same when its workflow name, version and arguments are.
         """
@@ -160,8 +161,10 @@ class Runtime(StepRunner):
         except TaskExists:
             pass
         stored = self.store.get_task(task_id)
-        wanted = dumps([prepared.goal, [[s.tool, s.input] for s in prepared.steps]])
-        found = dumps([stored.goal, [[s.tool, s.input] for s in stored.steps]])
+        # An agent's turns append steps after the plan's own: only those are the plan.
+        kept = stored.steps[: len(prepared.steps)] if prepared.agent else stored.steps
+        wanted = dumps([prepared.goal, [[s.tool, s.input, s.policy] for s in prepared.steps]])
+        found = dumps([stored.goal, [[s.tool, s.input, s.policy] for s in kept]])
         if is_workflow(prepared.goal):  # its steps come from its code, not from create
             wanted, found = prepared.goal, stored.goal
         if wanted != found:
