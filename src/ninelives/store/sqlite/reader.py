@@ -21,8 +21,8 @@ How it connects depends on what the folder shows:
 * a rollback-journal database: ``mode=ro`` (SQLite creates nothing to read it).
 
 Older schemas are read as they are: the guide's version 0 has no lease
-columns, which read as their defaults. Queries name their columns, so columns
-added by later migrations change nothing here.
+columns, which read as their defaults, and no queue column (no task is in one).
+Queries name their columns, so columns added by later migrations change nothing here.
 """
 
 from __future__ import annotations
@@ -204,6 +204,7 @@ class SQLiteReader(ReadOnly, SQLiteHousekeeping):
                 f"database schema version {version} is newer than this ninelives ({latest})"
             )
         steps = Q["get_steps"] if "steps.policy" in columns else Q["get_steps_v5"]
+        self._queued = "queue" in columns
         if "lease_epoch" not in columns:
             return Q["get_task_unleased"], steps, False
         if "artifacts" not in columns:
