@@ -247,12 +247,16 @@ class SQLiteHousekeepingWrites(SQLiteHousekeeping):
             conn.execute(Q["delete_dangling_events"])
             conn.execute(Q["delete_dangling_steps"])
 
-    def checkpoint_wal(self) -> None:
-        """Copy the write-ahead log into the database and truncate it."""
+    def checkpoint_wal(self) -> bool:
+        """Copy the write-ahead log into the database and truncate it; False when
+        it could not finish within the busy timeout (a process reading an older
+        snapshot, or writing, holds the log back): the log is then as it was."""
         try:
-            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            busy = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
         except sqlite3.Error as exc:
             raise StoreError(f"checkpoint of {self.url} failed: {exc}") from exc
+        # The answer, not an error, says whether it finished: (busy, frames, copied).
+        return not busy
 
     def remove_lock_file(self, name: str) -> bool:
         """Unlink lock file ``name`` of a task that is gone, under its lock; False
