@@ -466,8 +466,7 @@ def _repair(store: Any, finding: Finding, now: float) -> bool:
         store.delete_dangling()
         return True
     if finding.kind == "wal":
-        store.checkpoint_wal()
-        return True
+        return bool(store.checkpoint_wal())
     if finding.kind == "lock":
         return bool(store.remove_lock_file(finding.subject))
     if finding.kind == "temp":

@@ -145,6 +145,45 @@ def test_doctor_finds_stale_lock_and_temp_files_and_fixes_them(sqlite_lab: Lab) 
     assert lab.cli("doctor").returncode == 0
 
 
+@pytest.mark.slow
+def test_doctor_fix_claims_a_wal_checkpoint_only_once_it_is_done(sqlite_lab: Lab) -> None:
+    """A process reading an older snapshot holds the write-ahead log back: the
+    checkpoint cannot finish, so the WAL is still a finding, not "fixed"."""
+    import sqlite3
+
+    from ninelives.housekeeping import WAL_LIMIT
+
+    lab = sqlite_lab
+    lab.guide_setup()
+    assert lab.cli("create", "t", "plan.json").returncode == 0
+    db = lab.root / "state.db"
+    reader = sqlite3.connect(db, isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM tasks").fetchone()  # its snapshot: before the pad
+    writer = sqlite3.connect(db, isolation_level=None)
+    writer.execute("CREATE TABLE pad (x BLOB)")
+    for _ in range(WAL_LIMIT // (1 << 20) + 4):
+        writer.execute("INSERT INTO pad VALUES (?)", (os.urandom(1 << 20),))
+    writer.execute("DROP TABLE pad")
+    writer.close()
+    wal = Path(f"{db}-wal")
+    size = wal.stat().st_size
+    assert size > WAL_LIMIT
+    held = lab.cli("doctor", "--fix", "--json")
+    assert held.returncode == 7, held
+    report = held.json()
+    assert [f["kind"] for f in report["fixed"]] == []
+    assert [f["kind"] for f in report["findings"]] == ["wal"]
+    assert wal.stat().st_size == size
+    # Its snapshot ends; the connection stays open, so its close checkpoints nothing.
+    reader.execute("COMMIT")
+    fixed = lab.cli("doctor", "--fix", "--json")
+    assert wal.stat().st_size == 0
+    reader.close()
+    assert fixed.returncode == 0, fixed
+    assert [f["kind"] for f in fixed.json()["fixed"]] == ["wal"]
+
+
 def test_doctor_names_a_killed_task_and_its_fix(lab: Lab) -> None:
     lab.guide_setup()
     assert lab.cli("create", "k", "plan.json").returncode == 0

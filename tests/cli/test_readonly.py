@@ -92,6 +92,48 @@ def test_a_newer_schema_is_refused_before_anything_is_written(
         assert lab.files() == files, args
 
 
+def _killed_mid_transaction(db: Path) -> None:
+    """A rollback-journal writer SIGKILLed inside a transaction: its hot
+    ``-journal`` stays beside the file, holding the pages to put back."""
+    import os
+    import signal
+
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=DELETE")
+    conn.close()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child dies by SIGKILL
+        conn = sqlite3.connect(db, isolation_level=None)
+        conn.execute("PRAGMA cache_size=1")  # spill: the file holds changed pages
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("UPDATE tasks SET goal = 'half-written'")
+        conn.execute("UPDATE events SET data = data")
+        os.kill(os.getpid(), signal.SIGKILL)
+    _, status = os.waitpid(child, 0)
+    assert os.WIFSIGNALED(status)
+    assert os.WTERMSIG(status) == signal.SIGKILL
+    assert Path(f"{db}-journal").stat().st_size > 0
+
+
+def test_a_hot_journal_left_by_a_killed_writer_is_named_with_its_fix(
+    sqlite_lab: Lab, done_db: bytes
+) -> None:
+    lab = sqlite_lab
+    lab.guide_setup()
+    db = lab.root / "state.db"
+    db.write_bytes(done_db)
+    _killed_mid_transaction(db)
+    files = lab.files()
+    for args in [*READS, ("ls",), ("doctor",)]:
+        assert_one_line_error(lab.cli(*args), 5, "-journal", "ninelives doctor --fix")
+        assert lab.files() == files, args  # a reader rolls nothing back
+    fixed = lab.cli("doctor", "--fix")
+    assert fixed.returncode == 0, fixed
+    assert not Path(f"{db}-journal").exists()
+    shown = lab.cli("status", "t").json()
+    assert (shown["status"], shown["goal"]) == ("done", "Summarize notes into a report")
+
+
 def test_reads_of_a_closed_database_create_no_file(sqlite_lab: Lab, done_db: bytes) -> None:
     lab = sqlite_lab
     (lab.root / "state.db").write_bytes(done_db)

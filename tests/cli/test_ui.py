@@ -179,6 +179,37 @@ def test_paging_keeps_the_filters(lab: Lab, view_of: Any) -> None:
     assert '<a rel="next" href="/?queue=many&amp;page=1">older →</a>' in page
 
 
+def test_a_database_of_the_guides_layout_is_listed_as_it_is(sqlite_lab: Lab) -> None:
+    """Schema version 0 (the guide's layout) has no queue column: ``ls`` and the
+    list pages read it as no task in a queue, as ``status`` reads it, unchanged."""
+    lab = sqlite_lab
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "schema" / "v0"
+    expected = sorted(json.loads((fixture / "manifest.json").read_text())["tasks"])
+    lab.root.mkdir(parents=True, exist_ok=True)
+    db = lab.root / "state.db"
+    shutil.copyfile(fixture / "state.db", db)
+    pristine, files = db.read_bytes(), lab.files()
+    listed = lab.cli("ls", "--json", "--limit", "100")
+    assert listed.returncode == 0, listed
+    assert sorted(t["task"] for t in listed.jsonl()) == expected
+    assert {t["queue"] for t in listed.jsonl()} == {None}
+    assert [t["task"] for t in lab.cli("ls", "--status", "done").jsonl()] == ["done"]
+    in_queue = lab.cli("ls", "--queue", "q", "--json")
+    assert (in_queue.returncode, in_queue.stdout) == (0, ""), in_queue
+    view = View(lab)
+    try:
+        api, in_q = view.json("/api/tasks"), view.json("/api/tasks?queue=q")
+        code, _, page = view.get("/")
+    finally:
+        view.close()
+    assert sorted(t["task"] for t in api["tasks"]) == expected
+    assert in_q["tasks"] == []
+    assert code == 200, page
+    assert '<a href="/task/done">' in page
+    assert lab.files() == files
+    assert db.read_bytes() == pristine
+
+
 def test_metrics_count_tasks_steps_attempts_and_recoveries(lab: Lab, view_of: Any) -> None:
     _tasks(lab)
     code, kind, text = view_of().get("/metrics")

@@ -338,6 +338,16 @@ SELECT t.id, t.status, t.queue, t.goal, t.created_at, t.updated_at,
     (SELECT e.ts FROM events e WHERE e.task_id = t.id ORDER BY e.seq DESC LIMIT 1)
 FROM tasks t WHERE t.id IN (SELECT value FROM json_each(:ids));
 
+-- name: ls_rows_unqueued
+-- SQLite only, read-only commands on a schema older than 0003 (no queue): ls_rows.
+SELECT t.id, t.status, NULL, t.goal, t.created_at, t.updated_at,
+    (SELECT count(*) FROM steps s WHERE s.task_id = t.id AND s.status = 'done'),
+    (SELECT count(*) FROM steps s WHERE s.task_id = t.id),
+    (SELECT coalesce(sum(s.attempts), 0) FROM steps s WHERE s.task_id = t.id),
+    (SELECT e.kind FROM events e WHERE e.task_id = t.id ORDER BY e.seq DESC LIMIT 1),
+    (SELECT e.ts FROM events e WHERE e.task_id = t.id ORDER BY e.seq DESC LIMIT 1)
+FROM tasks t WHERE t.id IN (SELECT value FROM json_each(:ids));
+
 -- name: gc_candidates
 -- Finished tasks of one status last changed before :before, oldest first,
 -- after (:after_ts, :after_id): a page at a time (tasks_status_updated).

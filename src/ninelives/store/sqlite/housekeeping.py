@@ -45,6 +45,8 @@ class SQLiteHousekeeping:
     path: str
     #: A reader of a file without tables yet: every read answers "nothing".
     _empty: bool = False
+    #: The tasks table has a queue column (False: a reader of a schema before 0003).
+    _queued: bool = True
 
     def _reading(self, read: Callable[[sqlite3.Connection], T]) -> T:
         raise NotImplementedError
@@ -55,10 +57,14 @@ class SQLiteHousekeeping:
         """The newest ``limit`` tasks (of ``statuses`` and ``queue`` when given),
         newest first, each with its steps done, attempts and last event."""
 
-        def read(conn: sqlite3.Connection) -> list[TaskSummary]:
-            return _summaries(conn, _page(conn, statuses, queue, limit), limit)
+        rows = Q["ls_rows"] if self._queued else Q["ls_rows_unqueued"]
 
-        return [] if self._empty else self._reading(read)
+        def read(conn: sqlite3.Connection) -> list[TaskSummary]:
+            return _summaries(conn, _page(conn, statuses, queue, limit), limit, rows)
+
+        # A database from before queues holds no task in one.
+        none = self._empty or (queue is not None and not self._queued)
+        return [] if none else self._reading(read)
 
     def gc_candidates(
         self, status: str, before: float, *, after: tuple[float, str], limit: int
@@ -158,12 +164,14 @@ def _page(
     return ids
 
 
-def _summaries(conn: sqlite3.Connection, ids: list[str | bytes], limit: int) -> list[TaskSummary]:
+def _summaries(
+    conn: sqlite3.Connection, ids: list[str | bytes], limit: int, query: str
+) -> list[TaskSummary]:
     if not ids:
         return []
     named = [i for i in ids if isinstance(i, str)]
     # A task's text is not UTF-8: listed as damaged, the others as they are.
-    rows = rows_of_tasks(conn, Q["ls_rows"], {"ids": dumps(named)}) if named else []
+    rows = rows_of_tasks(conn, query, {"ids": dumps(named)}) if named else []
     # An id that is not UTF-8 names no task: listed, escaped, with nothing else.
     rows += [
         (shown(i), None, None, None, None, None, 0, 0, 0, None, None)
@@ -239,12 +247,16 @@ class SQLiteHousekeepingWrites(SQLiteHousekeeping):
             conn.execute(Q["delete_dangling_events"])
             conn.execute(Q["delete_dangling_steps"])
 
-    def checkpoint_wal(self) -> None:
-        """Copy the write-ahead log into the database and truncate it."""
+    def checkpoint_wal(self) -> bool:
+        """Copy the write-ahead log into the database and truncate it; False when
+        it could not finish within the busy timeout (a process reading an older
+        snapshot, or writing, holds the log back): the log is then as it was."""
         try:
-            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            busy = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
         except sqlite3.Error as exc:
             raise StoreError(f"checkpoint of {self.url} failed: {exc}") from exc
+        # The answer, not an error, says whether it finished: (busy, frames, copied).
+        return not busy
 
     def remove_lock_file(self, name: str) -> bool:
         """Unlink lock file ``name`` of a task that is gone, under its lock; False

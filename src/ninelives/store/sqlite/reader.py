@@ -21,8 +21,8 @@ How it connects depends on what the folder shows:
 * a rollback-journal database: ``mode=ro`` (SQLite creates nothing to read it).
 
 Older schemas are read as they are: the guide's version 0 has no lease
-columns, which read as their defaults. Queries name their columns, so columns
-added by later migrations change nothing here.
+columns, which read as their defaults, and no queue column (no task is in one).
+Queries name their columns, so columns added by later migrations change nothing here.
 """
 
 from __future__ import annotations
@@ -69,8 +69,31 @@ def open_reader(path: str) -> SQLiteReader | MissingStore:
     return SQLiteReader(path, real, wal=header_is_wal(header(real, st.st_size)))
 
 
-def _describe(exc: sqlite3.Error) -> str:
+#: SQLite's SQLITE_READONLY_ROLLBACK: a hot journal that a read-only connection cannot roll back.
+_READONLY_ROLLBACK = 776
+
+
+def _describe(exc: sqlite3.Error, path: str) -> str:
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+; 3.10 by the words
+    rollback = code == _READONLY_ROLLBACK or (
+        code is None and "readonly database" in str(exc) and _hot_journal(path)
+    )
+    if rollback:
+        # SQLite's own words ("attempt to write a readonly database") read as a
+        # permission problem; the file is whole once a writer puts the pages back.
+        return (
+            "its -journal holds a transaction that a writer killed mid-way left "
+            "unfinished, which a command that only reads cannot roll back: run "
+            "'ninelives doctor --fix' (it rolls it back), then this command again"
+        )
     return str(exc) or type(exc).__name__
+
+
+def _hot_journal(path: str) -> bool:
+    try:
+        return os.path.getsize(path + "-journal") > 0
+    except OSError:
+        return False
 
 
 def _uri(path: str, **params: str) -> str:
@@ -142,14 +165,17 @@ class SQLiteReader(ReadOnly, SQLiteHousekeeping):
                 check_same_thread=False,
             )
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot open database {self.url}: {_describe(exc)}") from exc
+            raise self._cannot("open", exc) from exc
         try:
             conn.execute("PRAGMA query_only=ON")
             conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
         except sqlite3.Error as exc:
             conn.close()
-            raise StoreError(f"cannot read database {self.url}: {_describe(exc)}") from exc
+            raise self._cannot("read", exc) from exc
         return conn
+
+    def _cannot(self, verb: str, exc: sqlite3.Error) -> StoreError:
+        return StoreError(f"cannot {verb} database {self.url}: {_describe(exc, self.path)}")
 
     def _readonly_media(self) -> bool:
         folder = os.path.dirname(self.path)
@@ -204,6 +230,7 @@ class SQLiteReader(ReadOnly, SQLiteHousekeeping):
                 f"database schema version {version} is newer than this ninelives ({latest})"
             )
         steps = Q["get_steps"] if "steps.policy" in columns else Q["get_steps_v5"]
+        self._queued = "queue" in columns
         if "lease_epoch" not in columns:
             return Q["get_task_unleased"], steps, False
         if "artifacts" not in columns:
@@ -223,7 +250,7 @@ class SQLiteReader(ReadOnly, SQLiteHousekeeping):
             result = self._transaction(self._conn, read)
         except sqlite3.Error as exc:
             if not self._changed():
-                raise StoreError(f"cannot read database {self.url}: {_describe(exc)}") from exc
+                raise self._cannot("read", exc) from exc
         else:
             if not self._changed():
                 return result
@@ -235,7 +262,7 @@ class SQLiteReader(ReadOnly, SQLiteHousekeeping):
         try:
             return self._transaction(self._conn, read)
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot read database {self.url}: {_describe(exc)}") from exc
+            raise self._cannot("read", exc) from exc
 
     @staticmethod
     def _transaction(conn: sqlite3.Connection, read: Callable[[sqlite3.Connection], T]) -> T:
