@@ -170,9 +170,10 @@ def check_built(plan: Plan) -> Plan:
     raw = [{**(s.policy or {}), "tool": s.tool, "input": s.input} for s in static]
     if plan.agent is None:
         return plan_from_dict({"goal": plan.goal, "steps": raw})
-    _check_storable([plan.goal, raw])
+    # An agent's first turn was made from its spec when the plan was parsed.
     if not isinstance(plan.goal, str):
         raise PlanError("plan 'goal' must be a string")
+    _check_storable([plan.goal, raw])
     for idx, step in enumerate(raw):
         _step_spec(idx, step, {})
     return plan
