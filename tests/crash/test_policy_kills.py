@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import socket
 import threading
 import time
@@ -355,3 +356,26 @@ def test_a_worker_whose_overrunning_tool_was_cancelled_says_what_it_journaled(
     assert error["data"]["error"] == "timeout after 2s"
     assert lab.cli("status", "t").json()["status"] == "cancelled"
     assert lab.cli("verify", "t").returncode == 0
+
+
+def test_a_cancel_ends_a_slots_backoff_wait_at_once(tools_lab: Lab) -> None:
+    """A slot sleeps through a backoff no longer than ``--poll`` itself. A cancel
+    that lands meanwhile releases the task then, not when the wait is over (up to
+    an hour with ``--poll 3600``): the one slot goes on with the next task, and the
+    cancelled step is never attempted again."""
+    lab = tools_lab
+    steps = [{"tool": "flaky", "input": {}, "backoff": {"base": 60, "cap": 60}}]
+    assert lab.cli("submit", "t", _plan(lab, "t", steps)).returncode == 0
+    quick = [{"tool": "sleepy", "input": {"seconds": 0}}]
+    worker = lab.spawn(
+        "worker", "--concurrency", "1", "--group-commit", "--poll", "120",
+        NINELIVES_BACKOFF="0.5",
+    )  # fmt: skip
+    lab.wait_for("t", "step_error", 0)  # the slot now sleeps 30-60 s in its wait
+    assert lab.cli("submit", "u", _plan(lab, "u", quick)).returncode == 0
+    assert lab.cli("cancel", "t").returncode == 0
+    lab.wait_for("u", "task_done", timeout=10)
+    assert lab.kill(worker, signal.SIGTERM) == 0
+    assert len(_events(lab, "t", "step_started")) == 1
+    assert lab.cli("status", "t").json()["status"] == "cancelled"
+    assert lab.cli("verify", "--all").returncode == 0

@@ -17,10 +17,19 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from .. import crashpoints
-from ..errors import CommitUnknown, PlanError, TaskCancelled, TaskFailed
+from ..errors import CommitUnknown, PlanError, StoreError, TaskCancelled, TaskFailed
 from ..humanize import duration
 from ..journal import dumps, encode_output, out_of_row
-from ..models import AGENT_TOOL, APPROVAL_TOOL, Run, Step, StepProgress, StepStatus, Task
+from ..models import (
+    AGENT_TOOL,
+    APPROVAL_TOOL,
+    Run,
+    Step,
+    StepProgress,
+    StepStatus,
+    Task,
+    TaskStatus,
+)
 from ..policy import (
     USER_ERRORS,
     Limits,
@@ -38,6 +47,8 @@ if TYPE_CHECKING:
     from ..tools import Registry, Tool
 
 _ELIDE = 60
+#: How often a backoff wait asks whether its task was cancelled meanwhile, in seconds.
+CANCEL_LOOK = 0.5
 
 
 class StepRunner:
@@ -142,7 +153,7 @@ class StepRunner:
                 if max_wait is not None and wait > max_wait:
                     self.say(f"{run.task_id}: step {step.idx} due in {wait:.1f}s; released")
                     return None
-                _back_off(wait, stop)
+                _back_off(wait, stop, lambda: self.cancelled(run.task_id))
             if stop is not None and stop():
                 return None
             try:
@@ -336,6 +347,14 @@ class StepRunner:
             ) from None
         return delay
 
+    def cancelled(self, task_id: str) -> bool:
+        """Whether ``task_id`` is cancelled now; a read that fails says no (the
+        next start's fenced commit finds out what is so)."""
+        try:
+            return self.store.get_task(task_id).status is TaskStatus.CANCELLED
+        except StoreError:
+            return False
+
     def say(self, line: str) -> None:
         """Give ``line`` to the progress log, if there is one."""
         if self._log is not None:
@@ -350,12 +369,21 @@ def _brief(output: Mapping[str, Any]) -> str:
     return json.dumps(shown, sort_keys=True, ensure_ascii=False)
 
 
-def _back_off(delay: float, stop: Callable[[], bool] | None) -> None:
-    """Wait ``delay`` seconds before a failed step's next attempt; return early on ``stop``."""
-    deadline = time.monotonic() + delay
+def _back_off(delay: float, stop: Callable[[], bool] | None, cancelled: Callable[[], bool]) -> None:
+    """Wait ``delay`` seconds before a failed step's next attempt; return early on
+    ``stop``, or once ``cancelled()`` (asked every CANCEL_LOOK seconds) says so."""
+    now = time.monotonic()
+    deadline, look = now + delay, now + CANCEL_LOOK
     while (left := deadline - time.monotonic()) > 0:
         if stop is not None and stop():
             return
+        if time.monotonic() >= look:
+            # A wait may last as long as a worker's --poll (an hour): a cancel
+            # must not hold the task, and the slot, that long. The start that
+            # follows is refused (TaskCancelled), having written nothing.
+            if cancelled():
+                return
+            look = time.monotonic() + CANCEL_LOOK
         time.sleep(min(left, 0.1))
 
 
