@@ -38,16 +38,46 @@ def settings_of(args: argparse.Namespace) -> Any:
     return settings
 
 
-def open_runtime(args: argparse.Namespace, *, create: bool = True, readonly: bool = False) -> Any:
-    """The runtime over ``--db``, logging to stderr unless ``--quiet``."""
+def open_runtime(
+    args: argparse.Namespace, *, create: bool = True, readonly: bool = False, task: str = ""
+) -> Any:
+    """The runtime over ``--db``, logging to stderr unless ``--quiet``. A writable
+    one for a command on ``task`` first makes sure an older file holds it."""
     from ..runtime import open as open_rt
 
+    if task and not readonly:
+        _known_before_migrating(args.db, task)
     quiet = getattr(args, "quiet", False)
     log = None if quiet else output.say
     return open_rt(
         args.db, settings=settings_of(args), create=create, readonly=readonly, log=log,
         on_progress=None if quiet or readonly else output.progress_bar(),
     )  # fmt: skip
+
+
+def _known_before_migrating(db: str, task_id: str) -> None:
+    """Raise :class:`UnknownTask` for a task an older SQLite file does not hold.
+
+    Opening it writable migrates it for good (an older ninelives then refuses
+    it), and a command on a task that is not there (a typo) writes nothing else:
+    it is answered from a read-only look, the file left as it was. Any other
+    error of that look is left to the writable open, which may mend it (a hot
+    journal is rolled back there)."""
+    from ..errors import NineLivesError, UnknownTask
+    from ..store import open_store, sqlite_behind
+
+    if not sqlite_behind(db):
+        return
+    try:
+        store = open_store(db, readonly=True)
+        try:
+            store.get_task(task_id)
+        finally:
+            store.close()
+    except UnknownTask:
+        raise
+    except NineLivesError:
+        return
 
 
 def open_reader(args: argparse.Namespace) -> Any:

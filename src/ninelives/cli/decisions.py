@@ -14,7 +14,7 @@ from .output import confirm, out
 def cmd_cancel(args: argparse.Namespace) -> int:
     """``ninelives cancel TASK [--reason TEXT]``."""
 
-    with open_runtime(args, create=False) as rt:
+    with open_runtime(args, create=False, task=args.task_id) as rt:
         task, changed = rt.cancel(args.task_id, reason=args.reason)
     if changed:
         confirm(f"task {task.id!r} cancelled: it is not run again (a runner holding it stops "
@@ -32,7 +32,10 @@ def _cancel_args(p: argparse.ArgumentParser) -> None:
 def cmd_fork(args: argparse.Namespace) -> int:
     """``ninelives fork TASK NEW_ID --from STEP [--queue NAME]``."""
 
-    with open_runtime(args, create=False) as rt, stored_or_unknown(args.new_id, "fork"):
+    with (
+        open_runtime(args, create=False, task=args.task_id) as rt,
+        stored_or_unknown(args.new_id, "fork"),
+    ):
         task = rt.fork(args.task_id, args.new_id, start=args.start, queue=args.queue)
     copied = sum(1 for s in task.steps if s.output is not None)
     where = f" in queue {args.queue!r}" if args.queue else ""
@@ -57,7 +60,7 @@ def _fork_args(p: argparse.ArgumentParser) -> None:
 def cmd_resolve(args: argparse.Namespace) -> int:
     from ..runtime.decisions import resolve
 
-    with open_runtime(args, create=False) as rt:
+    with open_runtime(args, create=False, task=args.task_id) as rt:
         task = resolve(
             rt.store, args.task_id, args.step, done=args.done, retry=args.retry,
             max_output=rt.settings.max_output, blob_threshold=rt.settings.blob_threshold,
@@ -85,7 +88,7 @@ def _resolve_args(p: argparse.ArgumentParser) -> None:
 def cmd_approve(args: argparse.Namespace) -> int:
     from ..runtime.decisions import approve
 
-    with open_runtime(args, create=False) as rt:
+    with open_runtime(args, create=False, task=args.task_id) as rt:
         task = approve(rt.store, args.task_id, args.step, reject=args.reject, note=args.note)
     decided = "rejected" if args.reject else "approved"
     if args.reject and task.status.value == "failed":

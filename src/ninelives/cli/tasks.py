@@ -103,14 +103,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    with open_runtime(args, create=False) as rt:
+    with open_runtime(args, create=False, task=args.task_id) as rt:
         task = rt.run(args.task_id)
     say(f"{task.id}: {task.status.value}")
     return 0
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
-    with open_runtime(args, create=False) as rt:
+    with open_runtime(args, create=False, task=args.task_id) as rt:
         task = rt.retry(args.task_id, step=args.step)
     confirm(
         f"task {task.id!r} is pending again: 'ninelives run {task.id}' resumes it",

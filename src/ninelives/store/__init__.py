@@ -86,6 +86,30 @@ def is_postgres_url(url: str) -> bool:
     return is_keyword_string(url)
 
 
+def sqlite_path(url: str) -> str:
+    """The file a SQLite ``url`` names: ``sqlite:///path`` or a plain path."""
+    return url.removeprefix("sqlite://") if url.startswith("sqlite:///") else url
+
+
+def sqlite_behind(url: str) -> bool:
+    """True when ``url`` is a SQLite file whose schema is older than this code's,
+    read from the file's header (``user_version``, offset 60) without opening it:
+    a writable open of it would migrate it. False for anything else (PostgreSQL,
+    no file, not a database), which the open itself then names."""
+    if is_postgres_url(url):
+        return False
+    try:
+        with open(sqlite_path(url), "rb") as fh:
+            header = fh.read(64)
+    except OSError:
+        return False
+    if len(header) < 64 or not header.startswith(b"SQLite format 3\0"):
+        return False
+    from . import sql
+
+    return int.from_bytes(header[60:64], "big") < sql.migrations("sqlite")[-1][0]
+
+
 #: Printed instead of a traceback when PostgreSQL is asked for without its driver.
 POSTGRES_EXTRA = "pip install 'ninelives[postgres]'"
 
@@ -150,7 +174,7 @@ def open_store(
                 f"{redact_url(url)} is not a database URL ninelives takes: use postgresql://, "
                 "postgres:// or sqlite:///PATH (a file so named is written ./NAME)"
             )
-    path = url.removeprefix("sqlite://") if url.startswith("sqlite:///") else url
+    path = sqlite_path(url)
     if readonly:
         from .sqlite.reader import open_reader
 
