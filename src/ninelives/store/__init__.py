@@ -8,6 +8,7 @@ the same way are :mod:`.rules`'; the backends are the :mod:`.sqlite` and
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -99,10 +100,16 @@ def sqlite_behind(url: str) -> bool:
     if is_postgres_url(url):
         return False
     try:
-        with open(sqlite_path(url), "rb") as fh:
-            header = fh.read(64)
+        # Never blocked on: a FIFO there is refused by the open itself, at once.
+        fd = os.open(sqlite_path(url), os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return False
+    try:
+        header = os.read(fd, 64) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
     if len(header) < 64 or not header.startswith(b"SQLite format 3\0"):
         return False
     from . import sql
