@@ -299,3 +299,20 @@ def test_every_form_of_tool_runs_whichever_way_it_is_registered(tmp_path: Path) 
         2: {"form": "contract", "key": "t1-2"},
         3: {"form": "contract"},
     }
+
+
+@pytest.mark.parametrize("step", ["1", True, 1.0])
+def test_a_retry_step_that_is_not_an_index_is_bad_input(tmp_path: Path, step: object) -> None:
+    # "1" read "step 1 of task 'f' has not failed (step 1 has)"; True and 1.0
+    # were taken for step 1.
+    import ninelives
+
+    plan = {"goal": "g", "steps": [{"tool": "fetch", "input": {"path": "missing"}}]}
+    settings = Settings(backoff=0, max_attempts=1, workspace=str(tmp_path))
+    with ninelives.open(str(tmp_path / "state.db"), settings=settings) as rt:
+        rt.create("f", plan)
+        with pytest.raises(ninelives.TaskFailed):
+            rt.run("f")
+        with pytest.raises(InputError, match="must be a step index"):
+            rt.retry("f", step=step)  # type: ignore[arg-type]
+        assert rt.status("f").status.value == "failed"

@@ -217,6 +217,8 @@ class Runtime(StepRunner):
         """
         from ..agent import regrant
 
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+            raise InputError(f"--step must be a step index, got {step!r}")
         return self.store.retry_task(
             check_stored_id(task_id), new_run_id(), step=step, grant=regrant
         )
