@@ -108,24 +108,19 @@ def _stored(lab: Lab) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_a_later_run_of_a_cancelled_task_is_9_while_its_runner_sleeps_a_backoff(
-    lab: Lab,
-) -> None:
-    """A runner asleep in a step's backoff holds the task until its next commit
-    finds the cancel. Meanwhile a later ``run`` is exit 9 at once, writing
-    nothing, as for any cancelled task (it was exit 3 on SQLite, "being run by
-    another process", for as long as the backoff lasted)."""
-    lab.write_plan({
-        "goal": "fails, then waits a minute",
-        "defaults": {"backoff": {"base": 60, "cap": 60}},
-        "steps": [{"tool": "fetch", "input": {"path": "input/missing.txt"}}],
-    })  # fmt: skip
-    assert lab.cli("create", "t", "plan.json").returncode == 0
-    runner = lab.spawn("run", "t", NINELIVES_BACKOFF="0.5")
-    lab.wait_for("t", "step_error", 0)
+def test_a_later_run_of_a_cancelled_task_is_9_while_its_runner_holds_it(lab: Lab) -> None:
+    """A runner inside a slow step holds the task until its next commit finds the
+    cancel. Meanwhile a later ``run`` is exit 9 at once, writing nothing, as for
+    any cancelled task (it was exit 3 on SQLite, "being run by another process",
+    for as long as the runner held it)."""
+    lab.write("ticktools.py", TICK)
+    lab.write_plan({"goal": "slow", "steps": [{"tool": "tick", "input": {"sleep": 60}}]})
+    assert lab.cli("create", "t", "plan.json", **TOOLS).returncode == 0
+    runner = lab.spawn("run", "t", **TOOLS)
+    lab.wait_for("t", "step_started", 0)
     assert lab.cli("cancel", "t").returncode == 0
     before = _stored(lab)
-    again = lab.cli("run", "t")
+    again = lab.cli("run", "t", **TOOLS)
     assert again.returncode == 9, again
     assert again.stderr.startswith("ninelives: error: task 't' was cancelled"), again.stderr
     assert again.stderr.count("\n") == 1
@@ -135,9 +130,32 @@ def test_a_later_run_of_a_cancelled_task_is_9_while_its_runner_sleeps_a_backoff(
     assert refused.returncode == 4, refused
     assert "is cancelled" in refused.stderr
     assert _stored(lab) == before
-    assert runner.poll() is None  # still asleep: what answered was the cancel, not its end
+    assert runner.poll() is None  # still in its step: what answered was the cancel, not its end
     runner.kill()
     runner.communicate(timeout=30)
+
+
+@pytest.mark.slow
+def test_a_cancel_ends_a_runners_backoff_wait(lab: Lab) -> None:
+    """A runner asleep in a minute's backoff stops with 9 soon after a cancel (the
+    wait asks every 0.5 s), writing nothing; a later run is 9 too."""
+    lab.write_plan({
+        "goal": "fails, then waits a minute",
+        "defaults": {"backoff": {"base": 60, "cap": 60}},
+        "steps": [{"tool": "fetch", "input": {"path": "input/missing.txt"}}],
+    })  # fmt: skip
+    assert lab.cli("create", "t", "plan.json").returncode == 0
+    runner = lab.spawn("run", "t", NINELIVES_BACKOFF="0.5")
+    lab.wait_for("t", "step_error", 0)
+    assert lab.cli("cancel", "t").returncode == 0
+    # The task as the commands show it (its process's last close checkpoints the
+    # WAL into the file, which moves its bytes, not its rows).
+    before = [lab.cli(*args).stdout for args in (("status", "t", "--outputs"), ("export", "t"))]
+    _, err = runner.communicate(timeout=30)  # long before the minute is over
+    assert runner.returncode == 9, err
+    assert lab.cli("run", "t").returncode == 9
+    after = [lab.cli(*args).stdout for args in (("status", "t", "--outputs"), ("export", "t"))]
+    assert after == before
 
 
 def test_a_worker_releases_a_cancelled_task_and_goes_on(lab: Lab) -> None:
