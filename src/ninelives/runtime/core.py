@@ -89,6 +89,13 @@ def _check_storable(plan: Plan) -> None:
         raise PlanError(f"plan refused: {exc}") from None
 
 
+def _step_index(value: object, option: str) -> None:
+    """Refuse ``value`` unless it is a step index: an ``int`` of 0 or more, never a
+    ``bool``, a float or text (``retry``'s ``--step``, ``fork``'s ``--from``)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InputError(f"{option} must be a step index (0 or more), got {value!r}")
+
+
 def _same_folder(a: str, b: str) -> bool:
     """Whether absolute folders ``a`` and ``b`` are one: the same name, or two
     names (one through a symlink) of the same real folder."""
@@ -217,8 +224,8 @@ class Runtime(StepRunner):
         """
         from ..agent import regrant
 
-        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
-            raise InputError(f"--step must be a step index, got {step!r}")
+        if step is not None:
+            _step_index(step, "--step")
         return self.store.retry_task(
             check_stored_id(task_id), new_run_id(), step=step, grant=regrant
         )
@@ -301,8 +308,7 @@ class Runtime(StepRunner):
         check_task_id(new_id)
         if queue is not None:
             check_queue(queue)
-        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-            raise InputError(f"--from must be a step index (0 or more), got {start!r}")
+        _step_index(start, "--from")
         return self.store.fork_task(
             task_id, new_id, start, new_run_id(), queue=queue,
             artifacts=os.path.abspath(self.settings.artifacts),
