@@ -58,3 +58,49 @@ def test_an_unknown_task_does_not_migrate(version: int, tmp_path: Path) -> None:
         assert proc.returncode == 1, (command, proc.stderr)
         assert proc.stderr == "ninelives: error: unknown task 'nosuch'\n", command
         assert digest(tmp_path) == before, f"{command[0]} migrated version {version}"
+
+
+#: Commands each refused before it writes, for a reason the task as stored gives
+#: (tasks every fixture holds: ``done``, ``pending``, ``failed``).
+REFUSED = [
+    ["retry", "done"],
+    ["retry", "failed", "--step", "2"],
+    ["cancel", "done"],
+    ["cancel", "pending", "--reason", "x" * 5000],
+    ["fork", "pending", "copy", "--from", "2"],
+    ["fork", "done", "copy", "--from", "9"],
+    ["fork", "done", "bad/id", "--from", "1"],
+    ["fork", "done", "copy", "--from", "1", "--queue", "bad queue"],
+    ["approve", "pending", "0"],
+    ["resolve", "pending", "0", "--retry"],
+    ["resolve", "pending", "0", "--done", "[1]"],
+    ["resolve", "pending", "0", "--done", "{"],
+]
+
+
+def cli(db: Path, *command: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NINELIVES_", "AGENT_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "ninelives", "--db", str(db), *command],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("version", OLDER)
+def test_a_refused_command_does_not_migrate(version: int, tmp_path: Path) -> None:
+    """Each refusal is the one a current file gets (the same line and exit code),
+    answered from the task as the older file holds it, the file left unchanged."""
+    import ninelives
+
+    older, current = tmp_path / "older", tmp_path / "current"
+    for folder in (older, current):
+        folder.mkdir()
+        shutil.copyfile(FIXTURES / f"v{version}" / "state.db", folder / "state.db")
+    ninelives.open(str(current / "state.db")).close()  # migrated: what this version says
+    before = digest(older)
+    for command in REFUSED:
+        want = cli(current / "state.db", *command)
+        assert want.returncode == 4, (command, want.stderr)
+        got = cli(older / "state.db", *command)
+        assert (got.returncode, got.stderr) == (want.returncode, want.stderr), command
+        assert digest(older) == before, f"{command} migrated version {version}"

@@ -39,14 +39,20 @@ def settings_of(args: argparse.Namespace) -> Any:
 
 
 def open_runtime(
-    args: argparse.Namespace, *, create: bool = True, readonly: bool = False, task: str = ""
+    args: argparse.Namespace,
+    *,
+    create: bool = True,
+    readonly: bool = False,
+    task: str = "",
+    check: Callable[[Any], object] | None = None,
 ) -> Any:
     """The runtime over ``--db``, logging to stderr unless ``--quiet``. A writable
-    one for a command on ``task`` first makes sure an older file holds it."""
+    one for a command on ``task`` first makes sure an older file holds it, and
+    that ``check`` (the command's own refusals, given the task as stored) passes."""
     from ..runtime import open as open_rt
 
     if task and not readonly:
-        _known_before_migrating(args.db, task)
+        _known_before_migrating(args.db, task, check)
     quiet = getattr(args, "quiet", False)
     log = None if quiet else output.say
     return open_rt(
@@ -55,14 +61,18 @@ def open_runtime(
     )  # fmt: skip
 
 
-def _known_before_migrating(db: str, task_id: str) -> None:
-    """Raise :class:`UnknownTask` for a task an older SQLite file does not hold.
+def _known_before_migrating(
+    db: str, task_id: str, check: Callable[[Any], object] | None = None
+) -> None:
+    """Raise :class:`UnknownTask` for a task an older SQLite file does not hold,
+    and what ``check`` raises for the task it holds.
 
     Opening it writable migrates it for good (an older ninelives then refuses
-    it), and a command on a task that is not there (a typo) writes nothing else:
-    it is answered from a read-only look, the file left as it was. Any other
-    error of that look is left to the writable open, which may mend it (a hot
-    journal is rolled back there)."""
+    it), and a command refused before it writes (a typo in the id, a done task
+    to cancel, a step that is not waiting) writes nothing else: it is answered
+    from a read-only look, the file left as it was. Any other error of that look
+    is left to the writable open, which may mend it (a hot journal is rolled
+    back there)."""
     from ..errors import NineLivesError, UnknownTask
     from ..store import open_store, sqlite_behind
 
@@ -71,13 +81,15 @@ def _known_before_migrating(db: str, task_id: str) -> None:
     try:
         store = open_store(db, readonly=True)
         try:
-            store.get_task(task_id)
+            task = store.get_task(task_id)
         finally:
             store.close()
     except UnknownTask:
         raise
     except NineLivesError:
         return
+    if check is not None:
+        check(task)  # raises the refusal the command itself would, after migrating
 
 
 def open_reader(args: argparse.Namespace) -> Any:

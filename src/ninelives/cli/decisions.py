@@ -6,15 +6,21 @@ for a person). Standard library only at import.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
-from .common import Command, integer, open_runtime, stored_or_unknown, task_arg
+from .common import Command, integer, open_runtime, settings_of, stored_or_unknown, task_arg
 from .output import confirm, out
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     """``ninelives cancel TASK [--reason TEXT]``."""
+    from ..lineage import cancel_allowed, check_reason
 
-    with open_runtime(args, create=False, task=args.task_id) as rt:
+    def check(task: Any) -> None:
+        check_reason(args.reason)
+        cancel_allowed(task)
+
+    with open_runtime(args, create=False, task=args.task_id, check=check) as rt:
         task, changed = rt.cancel(args.task_id, reason=args.reason)
     if changed:
         confirm(f"task {task.id!r} cancelled: it is not run again (a runner holding it stops "
@@ -31,9 +37,17 @@ def _cancel_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_fork(args: argparse.Namespace) -> int:
     """``ninelives fork TASK NEW_ID --from STEP [--queue NAME]``."""
+    from ..lineage import fork_steps
+    from ..names import check_queue, check_task_id
+
+    def check(task: Any) -> None:
+        check_task_id(args.new_id)
+        if args.queue is not None:
+            check_queue(args.queue)
+        fork_steps(task, args.start, {})  # the range and the done steps before it
 
     with (
-        open_runtime(args, create=False, task=args.task_id) as rt,
+        open_runtime(args, create=False, task=args.task_id, check=check) as rt,
         stored_or_unknown(args.new_id, "fork"),
     ):
         task = rt.fork(args.task_id, args.new_id, start=args.start, queue=args.queue)
@@ -58,9 +72,15 @@ def _fork_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_resolve(args: argparse.Namespace) -> int:
-    from ..runtime.decisions import resolve
+    from ..runtime.decisions import resolve, resolve_decision
+    from ..store import decision_target
 
-    with open_runtime(args, create=False, task=args.task_id) as rt:
+    def check(task: Any) -> None:
+        said = resolve_decision(done=args.done, retry=args.retry, max_output=settings.max_output)
+        decision_target(task, args.step, said)
+
+    settings = settings_of(args)
+    with open_runtime(args, create=False, task=args.task_id, check=check) as rt:
         task = resolve(
             rt.store, args.task_id, args.step, done=args.done, retry=args.retry,
             max_output=rt.settings.max_output, blob_threshold=rt.settings.blob_threshold,
@@ -86,9 +106,16 @@ def _resolve_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_approve(args: argparse.Namespace) -> int:
-    from ..runtime.decisions import approve
+    from ..models import EventKind, StepStatus
+    from ..runtime.decisions import approve, check_note
+    from ..store import Decision, decision_target
 
-    with open_runtime(args, create=False, task=args.task_id) as rt:
+    def check(task: Any) -> None:
+        check_note(args.note)
+        said = Decision(StepStatus.WAITING, StepStatus.DONE, EventKind.STEP_APPROVED, data={})
+        decision_target(task, args.step, said)
+
+    with open_runtime(args, create=False, task=args.task_id, check=check) as rt:
         task = approve(rt.store, args.task_id, args.step, reject=args.reject, note=args.note)
     decided = "rejected" if args.reject else "approved"
     if args.reject and task.status.value == "failed":

@@ -110,7 +110,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
-    with open_runtime(args, create=False, task=args.task_id) as rt:
+    def check(task: Any) -> None:
+        from ..agent import regrant
+        from ..store import retry_target
+
+        if args.step is not None or regrant(task) is None:  # as the store decides
+            retry_target(task, args.step)
+
+    with open_runtime(args, create=False, task=args.task_id, check=check) as rt:
         task = rt.retry(args.task_id, step=args.step)
     confirm(
         f"task {task.id!r} is pending again: 'ninelives run {task.id}' resumes it",

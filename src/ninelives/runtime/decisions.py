@@ -47,35 +47,50 @@ def resolve(
     An output over ``blob_threshold`` bytes is stored as a blob, as a tool's is.
     """
     check_stored_id(task_id)
+    decision = resolve_decision(done=done, retry=retry, max_output=max_output)
+    if decision.output is not None and blob_threshold is not None:
+        output = _out_of_row(store, task_id, idx, decision.output, blob_threshold)
+        decision = decision._replace(output=output)
+    return store.decide_step(task_id, new_run_id(), idx, decision)
+
+
+def resolve_decision(
+    *, done: str | None = None, retry: bool = False, max_output: int | None = None
+) -> Decision:
+    """What ``resolve`` commits: ``done`` (JSON text of an object, checked like a
+    tool's output) or ``retry``; :class:`InputError` for anything else."""
     if (done is None) == (not retry):
         raise InputError("say either --done JSON (what the step output) or --retry")
-    if done is not None:
-        try:
-            value = json.loads(done, object_pairs_hook=unique_keys)  # a key twice: ambiguous
-        except (ValueError, RecursionError) as exc:  # too deep for the decoder, too
-            raise InputError(f"--done is not JSON: {exc}") from None
-        if not isinstance(value, dict):
-            # A person gave it: "the tool returned list" named no tool of theirs.
-            kind = _JSON_KIND.get(type(value), type(value).__name__)
-            raise InputError(
-                f"--done must be a JSON object ({{...}}), the step's output; got {kind}"
-            )
-        try:
-            output = encode_output(value, *(() if max_output is None else (max_output,)))
-        except OutputRefused as exc:
-            raise InputError(f"--done {exc}") from None
-        if blob_threshold is not None:
-            output = _out_of_row(store, task_id, idx, output, blob_threshold)
-        decision = Decision(
-            expect=StepStatus.BLOCKED, status=StepStatus.DONE, kind=EventKind.STEP_RESOLVED,
-            data={"outcome": "done"}, output=output,
-        )  # fmt: skip
-    else:
-        decision = Decision(
+    if done is None:
+        return Decision(
             expect=StepStatus.BLOCKED, status=StepStatus.PENDING, kind=EventKind.STEP_RESOLVED,
             data={"outcome": "retry"},
         )  # fmt: skip
-    return store.decide_step(task_id, new_run_id(), idx, decision)
+    try:
+        value = json.loads(done, object_pairs_hook=unique_keys)  # a key twice: ambiguous
+    except (ValueError, RecursionError) as exc:  # too deep for the decoder, too
+        raise InputError(f"--done is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        # A person gave it: "the tool returned list" named no tool of theirs.
+        kind = _JSON_KIND.get(type(value), type(value).__name__)
+        raise InputError(f"--done must be a JSON object ({{...}}), the step's output; got {kind}")
+    try:
+        output = encode_output(value, *(() if max_output is None else (max_output,)))
+    except OutputRefused as exc:
+        raise InputError(f"--done {exc}") from None
+    return Decision(
+        expect=StepStatus.BLOCKED, status=StepStatus.DONE, kind=EventKind.STEP_RESOLVED,
+        data={"outcome": "done"}, output=output,
+    )  # fmt: skip
+
+
+def check_note(note: str | None) -> None:
+    """:class:`InputError` for an ``approve --note`` a journal cannot keep."""
+    if note is not None:
+        try:
+            storable(note, "--note")
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
 
 
 def _out_of_row(store: Store, task_id: str, idx: int, output: str, threshold: int) -> str:
@@ -101,11 +116,7 @@ def approve(
     with ``outcome: answer``) and the task ``pending``, for the code to read.
     """
     check_stored_id(task_id)
-    if note is not None:
-        try:
-            storable(note, "--note")
-        except ValueError as exc:
-            raise InputError(str(exc)) from None
+    check_note(note)
     said: dict[str, Any] = {} if note is None else {"note": note}
     if reject and answers_rejection(store.get_task(task_id), idx):
         decision = Decision(
