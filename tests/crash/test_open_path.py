@@ -151,3 +151,26 @@ def test_a_symlinked_lock_folder_is_refused(sqlite_lab: Lab, tmp_path: Path) -> 
     (lab.root / "state.db.locks").unlink()
     assert lab.cli("run", "t").returncode == 0
     assert (lab.root / "state.db.locks").is_dir()
+
+
+@pytest.mark.parametrize("suffix", ["-wal", "-shm", "-journal"])
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_fifo_or_folder_at_a_sqlite_file_beside_it_is_named(
+    sqlite_lab: Lab, suffix: str, kind: str
+) -> None:
+    """SQLite says only "disk I/O error" (or "unable to open"): the line names the file."""
+    lab = sqlite_lab
+    lab.guide_setup()
+    assert lab.cli("create", "t", "plan.json").returncode == 0
+    taken = lab.root / f"state.db{suffix}"
+    os.mkfifo(taken, 0o600) if kind == "fifo" else taken.mkdir()
+    files = lab.files()
+    for args in COMMANDS:
+        started = time.monotonic()
+        word = "a FIFO" if kind == "fifo" else "a folder"
+        assert_one_line_error(lab.cli(*args, timeout=30), 5, f"state.db{suffix} is {word}")
+        assert time.monotonic() - started < 20
+    assert lab.files() == files
+    # The control: once it is moved away the task runs to the end.
+    os.unlink(taken) if kind == "fifo" else taken.rmdir()
+    assert lab.cli("run", "t").returncode == 0

@@ -79,6 +79,7 @@ def resolve(path: str, *, create: bool) -> tuple[str, os.stat_result | None]:
             f"database path {shown} is a file of the database {owner} (its WAL, journal, "
             "lock or blob files), not a database: name the database itself"
         )
+    check_companions(shown, real)
     try:
         st = os.stat(real)
     except FileNotFoundError:
@@ -159,6 +160,26 @@ def resolved_folder(db: str, stored: str | None) -> str | None:
     if stored is None or os.path.isabs(stored):
         return stored
     return os.path.normpath(os.path.join(os.path.dirname(db), stored))
+
+
+def check_companions(shown: str, real: str) -> None:
+    """Raise :class:`StoreError` when SQLite's ``-wal``, ``-shm`` or ``-journal``
+    name beside the database is taken by something other than a regular file: a
+    folder or a FIFO there fails every open with SQLite's bare "disk I/O error",
+    which names neither the file nor the fix."""
+    for suffix in _FILE_SUFFIXES:
+        try:
+            mode = os.stat(real + suffix).st_mode
+        except OSError:
+            continue  # absent (the usual case), or a dangling link SQLite replaces
+        if not stat.S_ISREG(mode):
+            kind = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO"}.get(
+                stat.S_IFMT(mode), "not a regular file"
+            )
+            raise StoreError(
+                f"database {shown}: {real + suffix} is {kind}, where SQLite keeps the "
+                f"database's {suffix[1:]} file; move it away"
+            )
 
 
 def check_file(shown: str, st: os.stat_result) -> None:
