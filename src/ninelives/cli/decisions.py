@@ -75,11 +75,12 @@ def cmd_resolve(args: argparse.Namespace) -> int:
     from ..runtime.decisions import resolve, resolve_decision
     from ..store import decision_target
 
+    settings = settings_of(args)
+
     def check(task: Any) -> None:
         said = resolve_decision(done=args.done, retry=args.retry, max_output=settings.max_output)
         decision_target(task, args.step, said)
 
-    settings = settings_of(args)
     with open_runtime(args, create=False, task=args.task_id, check=check) as rt:
         task = resolve(
             rt.store, args.task_id, args.step, done=args.done, retry=args.retry,
