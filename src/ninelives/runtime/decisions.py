@@ -10,7 +10,8 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError, OutputRefused
-from ..journal import encode_output, out_of_row, storable
+from ..journal import encode_output, out_of_row
+from ..lineage import check_reason
 from ..models import APPROVAL_TOOL, EventKind, StepStatus, Task
 from ..names import check_stored_id, new_run_id
 from ..plan import unique_keys
@@ -101,11 +102,8 @@ def approve(
     with ``outcome: answer``) and the task ``pending``, for the code to read.
     """
     check_stored_id(task_id)
-    if note is not None:
-        try:
-            storable(note, "--note")
-        except ValueError as exc:
-            raise InputError(str(exc)) from None
+    # Bounded as a cancel's reason is: a rejection's note becomes the task's reason.
+    check_reason(note, "--note")
     said: dict[str, Any] = {} if note is None else {"note": note}
     if reject and answers_rejection(store.get_task(task_id), idx):
         decision = Decision(
