@@ -46,3 +46,20 @@ def test_a_note_is_bounded_as_a_cancel_reason_is(lab: Lab) -> None:
     assert lab.cli("approve", "t", "0", "--note", "n" * 1000).returncode == 0
     approved = [e for e in lab.cli("export", "t").jsonl() if e["kind"] == "step_approved"]
     assert [e["note"] for e in approved] == ["n" * 1000]
+
+
+def test_approving_a_queued_task_says_a_worker_of_its_queue_picks_it_up(lab: Lab) -> None:
+    # A task of a queue is run by the workers of that queue: "'ninelives run q'
+    # resumes it" sent its user to run it by hand beside them.
+    _waiting(lab, "q", "jobs")
+    approved = lab.cli("approve", "q", "0")
+    assert approved.returncode == 0, approved
+    assert "a worker of queue 'jobs' picks it up" in approved.stdout, approved.stdout
+    assert "ninelives run" not in approved.stdout, approved.stdout
+    assert lab.cli("worker", "--queue", "jobs", "--drain", "--poll", "0.1").returncode == 0
+    assert lab.cli("status", "q").json()["status"] == "done"
+    # The control: a task in no queue is resumed by run.
+    _waiting(lab, "t")
+    alone = lab.cli("approve", "t", "0")
+    assert alone.returncode == 0, alone
+    assert "'ninelives run t' resumes it" in alone.stdout, alone.stdout
