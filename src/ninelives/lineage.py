@@ -29,7 +29,7 @@ from .models import Step, StepStatus, Task, TaskStatus, is_workflow
 
 #: Labels the chain, so that a digest of another kind can never match one of ours.
 _CHAIN = "ninelives-plan-v1"
-#: Longest ``--reason`` a cancel journals, in characters.
+#: Longest ``--reason`` a cancel journals (and ``--note`` an approval), in characters.
 MAX_REASON_CHARS = 1000
 
 
@@ -71,17 +71,18 @@ def check_plan(task: Task) -> None:
     )
 
 
-def check_reason(reason: str | None) -> str | None:
+def check_reason(reason: str | None, what: str = "--reason") -> str | None:
     """``reason`` if a journal can keep it (standard text, at most
-    :data:`MAX_REASON_CHARS` characters, no NUL), else :class:`InputError`."""
+    :data:`MAX_REASON_CHARS` characters, no NUL), else :class:`InputError`
+    naming it as ``what`` (a cancel's ``--reason``, an approval's ``--note``)."""
     if reason is None:
         return None
     if not isinstance(reason, str):
-        raise InputError(f"--reason must be text, got {reason!r}")
+        raise InputError(f"{what} must be text, got {reason!r}")
     if len(reason) > MAX_REASON_CHARS or "\x00" in reason:
-        raise InputError(f"--reason must be at most {MAX_REASON_CHARS} characters, without NUL")
+        raise InputError(f"{what} must be at most {MAX_REASON_CHARS} characters, without NUL")
     try:
-        storable(reason, "--reason")
+        storable(reason, what)
     except ValueError as exc:
         raise InputError(str(exc)) from None
     return reason

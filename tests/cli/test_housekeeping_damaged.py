@@ -214,3 +214,43 @@ def test_doctor_names_a_column_or_table_a_hand_edit_dropped(
     found = lab.cli("doctor")
     assert found.returncode == 7, found.stderr
     assert f"integrity: state.db: table {finding} (fix: " in found.stdout, found.stdout
+
+
+def test_doctor_names_the_tasks_whose_rows_are_damaged(sqlite_lab: Lab) -> None:
+    """A step's output or input that is not JSON (a hand edit with sqlite3):
+    status refuses the task and verify --all names it, while doctor said "no
+    findings", exit 0. It names each such task, with what status says of it."""
+    lab = sqlite_lab
+    lab.write("input/a.txt", "hello")
+    lab.write_plan({"goal": "g", "steps": [{"tool": "fetch", "input": {"path": "input/a.txt"}}]})
+    for task_id in ("out", "in", "sound"):
+        assert lab.cli("create", task_id, "plan.json").returncode == 0
+        assert lab.cli("run", task_id, "-q").returncode == 0
+    assert lab.cli("doctor").returncode == 0  # control: the same tasks, not edited
+    conn = sqlite3.connect(lab.root / "state.db")
+    try:
+        conn.execute("UPDATE steps SET output = '{not json' WHERE task_id = 'out'")
+        conn.execute("UPDATE steps SET input = '[1, ' WHERE task_id = 'in'")
+        conn.commit()
+    finally:
+        conn.close()
+    before = lab.fingerprint()
+    said = {}
+    for task_id in ("out", "in"):
+        status = lab.cli("status", task_id)
+        assert status.returncode == 5, status
+        said[task_id] = status.stderr.strip().removeprefix("ninelives: error: ")
+    found = lab.cli("doctor")
+    assert found.returncode == 7, found
+    assert "Traceback" not in found.stderr, found.stderr
+    for task_id in ("out", "in"):
+        assert f"damaged: {task_id}: {said[task_id]} (fix: " in found.stdout, found.stdout
+    assert "sound" not in found.stdout
+    assert found.stdout.splitlines()[-1] == "doctor: 2 finding(s)", found.stdout
+    as_json = lab.cli("doctor", "--fix", "--json")
+    assert as_json.returncode == 7, as_json
+    damaged = {f["subject"]: f["detail"] for f in as_json.json()["findings"]}
+    assert damaged == said, as_json.stdout
+    assert as_json.json()["fixed"] == []  # nothing doctor may repair by itself
+    assert lab.fingerprint() == before
+    assert lab.cli("status", "sound").returncode == 0

@@ -391,3 +391,29 @@ def test_verify_reports_steps_run_past_the_attempt_and_recovery_limits(tmp_path:
         line.startswith("dies: recovery_limit: step 0 has 7 step_recovered events")
         for line in lines
     ), lines
+
+
+@pytest.mark.parametrize("damage", ["changed", "missing"])
+def test_a_damaged_blob_is_named_with_the_events_read(sqlite_lab: Lab, damage: str) -> None:
+    """A task whose output blob is damaged or missing: its journal is still read
+    whole, and the summary counts its events (it said "0 event(s)", as if there
+    were no journal to check)."""
+    lab = sqlite_lab
+    lab.guide_setup()
+    assert lab.cli("create", TASK, "plan.json").returncode == 0
+    assert lab.cli("run", TASK, NINELIVES_BLOB_THRESHOLD="0").returncode == 0
+    events = len(lab.cli("export", TASK).jsonl())
+    blob = next(e for e in lab.cli("export", TASK).jsonl() if e["kind"] == "step_finished")
+    path = lab.root / "state.db.blobs" / blob["blob"]["sha256"]
+    if damage == "missing":
+        path.unlink()
+    else:
+        path.write_bytes(b"not what was stored")
+    result = _verify(lab, TASK)
+    lines = _violations(result)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"{TASK}: blob: task {TASK!r} step 0: its output blob "), lines
+    assert ("is missing" if damage == "missing" else "SHA-256") in lines[0], lines
+    summary = result.stdout.splitlines()[-1]
+    assert summary.startswith(f"verified 1 task(s), {events} event(s)"), summary
+    assert events > 0

@@ -118,21 +118,32 @@ def cmd_approve(args: argparse.Namespace) -> int:
 
     with open_runtime(args, create=False, task=args.task_id, check=check) as rt:
         task = approve(rt.store, args.task_id, args.step, reject=args.reject, note=args.note)
+        failed = task.status.value == "failed"  # nothing runs it next
+        goes_on = "" if failed else _goes_on(rt.store, task.id, task.status.value)
     decided = "rejected" if args.reject else "approved"
-    if args.reject and task.status.value == "failed":
+    if failed:
         line = f"task {task.id!r} step {args.step} rejected: the task has failed"
     elif args.reject:
         line = (
             f"task {task.id!r} step {args.step} rejected; the workflow reads the rejection and "
-            f"the task is {task.status.value}: 'ninelives run {task.id}' resumes it"
+            f"the task is {task.status.value}: {goes_on}"
         )
     else:
         line = (
             f"task {task.id!r} step {args.step} approved; the task is {task.status.value}: "
-            f"'ninelives run {task.id}' resumes it"
+            f"{goes_on}"
         )
     confirm(line, f"task {task.id!r} step {args.step} was {decided}")
     return 0
+
+
+def _goes_on(store: Any, task_id: str, status: str) -> str:
+    """Who runs the task next: a worker of its queue claims a queued task by
+    itself (a ``run`` beside the workers would only race them for it)."""
+    queue = next((t.queue for t in store.tasks_in_status(status) if t.id == task_id), None)
+    if queue is not None:
+        return f"a worker of queue {queue!r} picks it up"
+    return f"'ninelives run {task_id}' resumes it"
 
 
 def _approve_args(p: argparse.ArgumentParser) -> None:

@@ -10,7 +10,8 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError, OutputRefused
-from ..journal import encode_output, out_of_row, storable
+from ..journal import encode_output, out_of_row
+from ..lineage import check_reason
 from ..models import APPROVAL_TOOL, EventKind, StepStatus, Task
 from ..names import check_stored_id, new_run_id
 from ..plan import unique_keys
@@ -85,12 +86,9 @@ def resolve_decision(
 
 
 def check_note(note: str | None) -> None:
-    """:class:`InputError` for an ``approve --note`` a journal cannot keep."""
-    if note is not None:
-        try:
-            storable(note, "--note")
-        except ValueError as exc:
-            raise InputError(str(exc)) from None
+    """:class:`InputError` for an ``approve --note`` a journal cannot keep: bounded
+    as a cancel's reason is, since a rejection's note becomes the task's reason."""
+    check_reason(note, "--note")
 
 
 def _out_of_row(store: Store, task_id: str, idx: int, output: str, threshold: int) -> str:

@@ -279,7 +279,9 @@ class Registry:
             if ep.name == name:
                 try:
                     loaded = ep.load()
-                except (Exception, SystemExit) as exc:  # its import or name is broken
+                except KeyboardInterrupt:
+                    raise  # a Ctrl-C while it loads: an interruption, as anywhere
+                except BaseException as exc:  # its import or name is broken
                     from ..journal import error_text
 
                     # A PlanError, as for a tool not installed: refused before any claim.
@@ -378,11 +380,16 @@ def load_tool_modules(registry: Registry, modules: Iterable[str]) -> Registry:
         sys.path.append(here)
     # A module's own sys.exit (a script's argparse at import, say) is its failure
     # to load too: it would end the command silently with its code, 0 reading as
-    # "done" for a task not even claimed, 3 as "busy".
+    # "done" for a task not even claimed, 3 as "busy". So is any other
+    # BaseException it raises (GeneratorExit, a library's own), which would read
+    # as a step's. Only KeyboardInterrupt goes on: a Ctrl-C during a slow import
+    # raises it there too, and no handler can tell the two apart.
     for module_name in modules:
         try:
             module = importlib.import_module(module_name)
-        except (Exception, SystemExit) as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
             from ..journal import error_text
 
             raise InputError(
@@ -396,7 +403,9 @@ def load_tool_modules(registry: Registry, modules: Iterable[str]) -> Registry:
         if callable(register):
             try:
                 register(registry)
-            except (Exception, SystemExit) as exc:  # its own code: as if its import failed
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # its own code: as if its import failed
                 from ..journal import error_text
 
                 raise InputError(
