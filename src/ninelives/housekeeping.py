@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import BlobDamaged, DamagedTask, InputError, StoreError, UnknownTask
+from .errors import InputError, StoreError
 from .locking import (
     BLOBS_LOCK,
     TASK_LOCK_NAME,
@@ -314,36 +314,12 @@ def _findings(store: Any, artifacts: str, now: float) -> list[Finding]:
             Finding("dangling", store.url, f"{what} of tasks that no longer exist",
                     "ninelives doctor --fix (deletes them)", fixable=True)
         )  # fmt: skip
-    findings += _damaged(store)
     findings += _running(store, now)
     findings += _leases(store)
     findings += _lock_files(store)
     findings += _temp_files(store, artifacts, now)
     findings += blob_findings(store, now)
     return findings
-
-
-def _damaged(store: Any) -> list[Finding]:
-    """The tasks whose rows cannot be read (a status this version does not know,
-    a JSON column a hand edit broke), each with what ``status`` and ``verify``
-    say of it. A missing or damaged blob is not one of them: :func:`blob_findings`
-    names it with its own fix."""
-    found = []
-    for task_id in store.task_ids():
-        try:
-            store.get_task(task_id)
-            store.events(task_id)
-        except BlobDamaged:
-            continue
-        except UnknownTask:  # removed since listed (a gc beside it): nothing to report
-            continue
-        except DamagedTask as exc:
-            found.append(
-                Finding("damaged", task_id, str(exc),
-                        "repair its rows or restore a backup; "
-                        f"'ninelives verify {task_id}' checks it again")
-            )  # fmt: skip
-    return found
 
 
 def _running(store: Any, now: float) -> list[Finding]:
