@@ -1,5 +1,5 @@
-"""``ninelives approve`` from the command line: what it keeps of a note, and what
-it says comes next for a task in a queue."""
+"""``ninelives approve`` (and ``resolve``) from the command line: what it keeps of
+a note, and what it says comes next for a task in a queue."""
 
 from __future__ import annotations
 
@@ -63,3 +63,21 @@ def test_approving_a_queued_task_says_a_worker_of_its_queue_picks_it_up(lab: Lab
     alone = lab.cli("approve", "t", "0")
     assert alone.returncode == 0, alone
     assert "'ninelives run t' resumes it" in alone.stdout, alone.stdout
+
+
+def test_resolving_a_queued_task_says_a_worker_of_its_queue_picks_it_up(lab: Lab) -> None:
+    # As approve did: "'ninelives run q' resumes it" for a task the workers claim.
+    lab.guide_setup()
+    fetch = {"tool": "fetch", "input": {"path": "input/notes.txt"}, "on_unknown": "refuse"}
+    lab.write_plan({"goal": "g", "steps": [fetch]})
+    assert lab.cli("create", "q", "plan.json", "--queue", "jobs").returncode == 0
+    drain = ("worker", "--queue", "jobs", "--drain", "--poll", "0.1")
+    assert lab.cli(*drain, AGENT_CRASH_AT="after_effect:0").returncode == -9
+    assert lab.cli(*drain).returncode == 0  # the step is found running: blocked
+    assert lab.cli("status", "q").json()["status"] == "blocked"
+    resolved = lab.cli("resolve", "q", "0", "--retry")
+    assert resolved.returncode == 0, resolved
+    assert "a worker of queue 'jobs' picks it up" in resolved.stdout, resolved.stdout
+    assert "ninelives run" not in resolved.stdout, resolved.stdout
+    assert lab.cli(*drain).returncode == 0
+    assert lab.cli("status", "q").json()["status"] == "done"

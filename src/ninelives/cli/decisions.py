@@ -86,10 +86,10 @@ def cmd_resolve(args: argparse.Namespace) -> int:
             rt.store, args.task_id, args.step, done=args.done, retry=args.retry,
             max_output=rt.settings.max_output, blob_threshold=rt.settings.blob_threshold,
         )  # fmt: skip
+        goes_on = _goes_on(rt.store, task.id, task.status.value)
     what = "done with the output given" if args.done is not None else "pending, to run again"
     confirm(
-        f"task {task.id!r} step {args.step} is {what}; the task is {task.status.value}: "
-        f"'ninelives run {task.id}' resumes it",
+        f"task {task.id!r} step {args.step} is {what}; the task is {task.status.value}: {goes_on}",
         f"task {task.id!r} step {args.step} was resolved",
     )
     return 0
