@@ -22,6 +22,9 @@ function-tool call a step named ``tool:<tool name>`` whose JSON result is
 never computed again; a tool function sees ``ninelives.current_step()`` and
 its ``idem_key``. Handoff agents are wrapped too. Outside a workflow, and
 inside a step of one, the agent behaves exactly as the one it was made from.
+A model the run's ``RunConfig`` gives (``model=``, or an agent's model name
+resolved by ``model_provider=``) is durable too: the SDK's choice of a turn's
+model is wrapped where its run loop makes it, for agents made by :func:`durable`.
 
 Tool calls of one model response run one at a time, in the order the tasks
 the SDK starts for them reach the tool; the result a replay hands a call is
@@ -72,6 +75,7 @@ SUPPORTED = ("0.24", "0.25")
 require("openai-agents", *SUPPORTED, extra="openai-agents")
 
 from agents import Agent, FunctionTool, Handoff, Model, ModelResponse  # noqa: E402
+from agents.run_internal import run_loop as _run_loop  # noqa: E402
 from agents.tool import DEFAULT_APPROVAL_REJECTION_MESSAGE  # noqa: E402
 from pydantic import TypeAdapter, ValidationError  # noqa: E402
 from pydantic_core import to_jsonable_python  # noqa: E402
@@ -102,14 +106,35 @@ class DurableModel(Model):
     def __init__(self, model: Model | str | None, *, name: str) -> None:
         self._model = model
         self.name = name
+        self._resolved: Model | None = model if isinstance(model, Model) else None
+        self._last: tuple[Model, DurableModel] | None = None
 
     def _inner(self) -> Model:
-        if isinstance(self._model, Model):
-            return self._model
-        from agents.models.multi_provider import MultiProvider
+        if self._resolved is None:
+            from agents.models.multi_provider import MultiProvider
 
-        self._model = MultiProvider().get_model(self._model)
-        return self._model
+            self._resolved = MultiProvider().get_model(self._model)  # type: ignore[arg-type]
+        return self._resolved
+
+    def for_run(self, run_config: Any) -> DurableModel:
+        """This agent's model as a run with ``run_config`` resolves it, durable under
+        this model's step name: the SDK lets ``RunConfig(model=...)`` replace every
+        agent's model, and its ``model_provider`` resolve an agent's model name."""
+        chosen = getattr(run_config, "model", None)
+        provider = getattr(run_config, "model_provider", None)
+        if isinstance(chosen, DurableModel):
+            return chosen
+        if isinstance(chosen, str) and provider is not None:
+            chosen = provider.get_model(chosen)
+        elif not isinstance(chosen, Model):
+            if isinstance(self._model, Model) or provider is None:
+                return self
+            chosen = provider.get_model(self._model)
+        if self._last is None or self._last[0] is not chosen:
+            # One wrapper per model a run gets: the SDK tells each model it
+            # resolved, by identity, when the run ends.
+            self._last = (chosen, DurableModel(chosen, name=self.name))
+        return self._last[1]
 
     async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
         """The inner model's response; inside a workflow, asked once and read back."""
@@ -131,6 +156,29 @@ class DurableModel(Model):
                 )
             )
         return self._inner().stream_response(*args, **kwargs)
+
+    async def _cleanup_on_run_end(self, owner: object) -> None:
+        """Tell the inner model its run ended, as the SDK tells the models it resolved."""
+        if self._resolved is not None:
+            await self._resolved._cleanup_on_run_end(owner)
+
+
+def _run_model(agent: Any, run_config: Any) -> Model:
+    """The SDK's choice of a turn's model, kept durable: an agent made by
+    :func:`durable` gets its :class:`DurableModel` resolved for the run (see
+    :meth:`DurableModel.for_run`); any other agent the SDK's own choice."""
+    own = getattr(agent, "model", None)
+    if isinstance(own, DurableModel):
+        return own.for_run(run_config)
+    return _SDK_MODEL(agent, run_config)
+
+
+# The SDK resolves a turn's model from the agent and the run's RunConfig, which
+# no Model sees: a model given per run would bypass the durable one and be asked
+# again after every resume. Its run loop is the one place that choice is made.
+_SDK_MODEL = getattr(_run_loop.get_model, "sdk_get_model", _run_loop.get_model)
+_run_model.sdk_get_model = _SDK_MODEL  # type: ignore[attr-defined]
+_run_loop.get_model = _run_model
 
 
 def durable_tool(tool: FunctionTool, policy: Mapping[str, Any] | None = None) -> FunctionTool:
