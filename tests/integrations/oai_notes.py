@@ -161,3 +161,16 @@ async def notes_async(ctx: Any, question: str) -> dict[str, Any]:
 
     answer = (await Runner.run(build(), question, run_config=run_config())).final_output
     return {"answer": answer, "report": await ctx.step("report", report, answer)}
+
+
+@ninelives.workflow("notes_wrapped_twice")
+def notes_wrapped_twice(ctx: Any, question: str) -> dict[str, Any]:
+    """The durable agent made durable again, as a handoff target made durable on its
+    own is when the agent handing off to it is made durable."""
+    from agents import Runner
+
+    from ninelives.integrations.openai_agents import durable
+
+    agent = durable(build(), tools=policies())
+    answer = Runner.run_sync(agent, question, run_config=run_config()).final_output
+    return {"answer": answer, "report": ctx.step("report", report, answer)}

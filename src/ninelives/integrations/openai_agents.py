@@ -188,7 +188,15 @@ def durable_tool(tool: FunctionTool, policy: Mapping[str, Any] | None = None) ->
     A tool with ``needs_approval`` asks, inside a workflow, a ninelives approval
     step ``approve:<name>`` before its tool step instead of interrupting the run:
     the task waits for ``ninelives approve``; rejected, the model reads the note
-    (or the SDK's own rejection message) as the call's output."""
+    (or the SDK's own rejection message) as the call's output. A tool this made
+    already is made again from the tool it was made from (``policy`` the newest)."""
+    made_from = getattr(tool.on_invoke_tool, "ninelives_made_from", None)
+    if isinstance(made_from, FunctionTool):
+        # Wrapped once more, the copy's own needs_approval (False inside a
+        # workflow, where its invocation asks) would be read as the tool's:
+        # the tool would run unasked. An agent made durable twice, or a handoff
+        # target made durable on its own, gets each tool wrapped once.
+        tool = made_from
     invoke = tool.on_invoke_tool
     name = f"tool:{tool.name}"
     needs = tool.needs_approval
@@ -213,6 +221,7 @@ def durable_tool(tool: FunctionTool, policy: Mapping[str, Any] | None = None) ->
         # Inside a workflow ninelives asks, as a step, when the tool is invoked.
         return not in_workflow() and await _needs_approval(needs, context, params, call_id)
 
+    on_invoke_tool.ninelives_made_from = tool  # type: ignore[attr-defined]
     if needs is False:
         return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool)
     return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool, needs_approval=needs_approval)
