@@ -24,7 +24,8 @@ its ``idem_key``. Handoff agents are wrapped too. Outside a workflow, and
 inside a step of one, the agent behaves exactly as the one it was made from.
 A model the run's ``RunConfig`` gives (``model=``, or an agent's model name
 resolved by ``model_provider=``) is durable too: the SDK's choice of a turn's
-model is wrapped where its run loop makes it, for agents made by :func:`durable`.
+model is wrapped where its run loop makes it, for agents made by :func:`durable`;
+so are the function tools it lists for a turn, an MCP server's among them.
 
 Tool calls of one model response run one at a time, in the order the tasks
 the SDK starts for them reach the tool; the result a replay hands a call is
@@ -74,7 +75,15 @@ from . import require
 SUPPORTED = ("0.24", "0.25")
 require("openai-agents", *SUPPORTED, extra="openai-agents")
 
-from agents import Agent, FunctionTool, Handoff, Model, ModelResponse  # noqa: E402
+from agents import (  # noqa: E402
+    Agent,
+    FunctionTool,
+    Handoff,
+    Model,
+    ModelResponse,
+    RunContextWrapper,
+    Tool,
+)
 from agents.run_internal import run_loop as _run_loop  # noqa: E402
 from agents.tool import DEFAULT_APPROVAL_REJECTION_MESSAGE  # noqa: E402
 from pydantic import TypeAdapter, ValidationError  # noqa: E402
@@ -108,6 +117,8 @@ class DurableModel(Model):
         self.name = name
         self._resolved: Model | None = model if isinstance(model, Model) else None
         self._last: tuple[Model, DurableModel] | None = None
+        #: The step policy of each tool's calls, by tool name (``durable(tools=...)``).
+        self.tools: dict[str, Mapping[str, Any]] = {}
 
     def _inner(self) -> Model:
         if self._resolved is None:
@@ -134,6 +145,7 @@ class DurableModel(Model):
             # One wrapper per model a run gets: the SDK tells each model it
             # resolved, by identity, when the run ends.
             self._last = (chosen, DurableModel(chosen, name=self.name))
+            self._last[1].tools = self.tools
         return self._last[1]
 
     async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
@@ -173,12 +185,33 @@ def _run_model(agent: Any, run_config: Any) -> Model:
     return _SDK_MODEL(agent, run_config)
 
 
+async def _run_tools(agent: Agent[Any], context_wrapper: RunContextWrapper[Any]) -> list[Tool]:
+    """The tools the SDK gives a turn, each function tool of an agent made by
+    :func:`durable` made durable once: its MCP servers' tools too, which the SDK
+    makes function tools at each turn, outside ``agent.tools``."""
+    tools = await _SDK_TOOLS(agent, context_wrapper)
+    own = getattr(agent, "model", None)
+    if not isinstance(own, DurableModel):
+        return tools
+    return [
+        durable_tool(t, own.tools.get(t.name))
+        if isinstance(t, FunctionTool) and not hasattr(t.on_invoke_tool, "ninelives_made_from")
+        else t
+        for t in tools
+    ]
+
+
 # The SDK resolves a turn's model from the agent and the run's RunConfig, which
 # no Model sees: a model given per run would bypass the durable one and be asked
-# again after every resume. Its run loop is the one place that choice is made.
+# again after every resume. And it lists a turn's tools there, an MCP server's
+# among them, which no agent.tools holds. Its run loop is the one place both are
+# chosen, so that is where they are made durable.
 _SDK_MODEL = getattr(_run_loop.get_model, "sdk_get_model", _run_loop.get_model)
 _run_model.sdk_get_model = _SDK_MODEL  # type: ignore[attr-defined]
 _run_loop.get_model = _run_model
+_SDK_TOOLS = getattr(_run_loop.get_all_tools, "sdk_get_all_tools", _run_loop.get_all_tools)
+_run_tools.sdk_get_all_tools = _SDK_TOOLS  # type: ignore[attr-defined]
+_run_loop.get_all_tools = _run_tools
 
 
 def durable_tool(tool: FunctionTool, policy: Mapping[str, Any] | None = None) -> FunctionTool:
@@ -281,10 +314,15 @@ def durable(
     seen = {} if _seen is None else _seen
     if id(agent) in seen:
         return seen[id(agent)]
-    model = agent.model if isinstance(agent.model, DurableModel) else None
-    wrapped = agent.clone(model=model or DurableModel(agent.model, name=_step_name(agent.name)))
-    seen[id(agent)] = wrapped
     policies = dict(tools or {})
+    model = agent.model if isinstance(agent.model, DurableModel) else None
+    if model is None or policies:  # the agent made durable already keeps its own
+        spec = agent.model._model if isinstance(agent.model, DurableModel) else agent.model
+        made = DurableModel(spec, name=model.name if model else _step_name(agent.name))
+        made.tools = {**(model.tools if model else {}), **policies}
+        model = made
+    wrapped = agent.clone(model=model)
+    seen[id(agent)] = wrapped
     wrapped.tools = [
         durable_tool(t, policies.get(t.name)) if isinstance(t, FunctionTool) else t
         for t in agent.tools
