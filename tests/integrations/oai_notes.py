@@ -6,8 +6,11 @@ execution appends a line to ``$NOTES_LOG``; ``post_note`` publishes
 ``notes/<idem_key>.txt`` once. ``NOTES_DURABLE=0`` leaves the agent unwrapped
 (the negative control); ``NOTES_APPROVE=1`` makes ``post_note``
 ``needs_approval=True``; ``NOTES_SLOW`` seconds delay its effect, ``NOTES_TIMEOUT``
-bounds its calls and ``NOTES_REFUSE=1`` refuses to guess its outcome. The SDK loads
-only when a workflow runs.
+bounds its calls and ``NOTES_REFUSE=1`` refuses to guess its outcome.
+``NOTES_MODEL_VIA`` gives the scripted model per run instead of on the agent:
+``run_config`` as ``RunConfig(model=...)``, ``provider`` through a
+``RunConfig(model_provider=...)`` that resolves the agent's model name. The SDK
+loads only when a workflow runs.
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ def policies() -> dict[str, Any]:
     if timeout:
         policy.update(timeout=float(timeout), max_attempts=2, backoff=False)
     return {"post_note": policy} if policy else {}
+
+
+#: The scripted model's class, once :func:`build` made it (for :func:`run_config`).
+SCRIPTED: list[Any] = []
 
 
 def build() -> Any:
@@ -109,15 +116,29 @@ def build() -> Any:
         publish_once("notes", f"{key}.txt", text.encode())
         return {"posted": key}
 
-    agent = Agent(name="notes", model=Scripted(), tools=[read_note, post_note])
+    via = os.environ.get("NOTES_MODEL_VIA")
+    model: Any = "scripted" if via == "provider" else None if via == "run_config" else Scripted()
+    agent = Agent(name="notes", model=model, tools=[read_note, post_note])
+    SCRIPTED[:] = [Scripted]
     return (
         durable(agent, tools=policies()) if os.environ.get("NOTES_DURABLE", "1") != "0" else agent
     )
 
 
 def run_config() -> Any:
-    from agents import RunConfig
+    from agents import ModelProvider, RunConfig
 
+    via = os.environ.get("NOTES_MODEL_VIA")
+    if via == "run_config":
+        return RunConfig(model=SCRIPTED[0](), tracing_disabled=True)
+    if via == "provider":
+
+        class Provider(ModelProvider):
+            def get_model(self, model_name: str | None) -> Any:
+                assert model_name == "scripted", model_name
+                return SCRIPTED[0]()
+
+        return RunConfig(model_provider=Provider(), tracing_disabled=True)
     return RunConfig(tracing_disabled=True)
 
 
@@ -140,3 +161,16 @@ async def notes_async(ctx: Any, question: str) -> dict[str, Any]:
 
     answer = (await Runner.run(build(), question, run_config=run_config())).final_output
     return {"answer": answer, "report": await ctx.step("report", report, answer)}
+
+
+@ninelives.workflow("notes_wrapped_twice")
+def notes_wrapped_twice(ctx: Any, question: str) -> dict[str, Any]:
+    """The durable agent made durable again, as a handoff target made durable on its
+    own is when the agent handing off to it is made durable."""
+    from agents import Runner
+
+    from ninelives.integrations.openai_agents import durable
+
+    agent = durable(build(), tools=policies())
+    answer = Runner.run_sync(agent, question, run_config=run_config()).final_output
+    return {"answer": answer, "report": ctx.step("report", report, answer)}

@@ -82,6 +82,21 @@ def test_approve_then_a_kill_before_the_tool_runs_it_once(
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
+def test_a_tool_of_an_agent_made_durable_twice_still_waits_for_approval(sqlite_lab: Lab) -> None:
+    lab = sqlite_lab
+    setup(lab, "oai_notes")
+    lab.base_env["NOTES_APPROVE"] = "1"
+    task = "twice"
+    idx = park(lab, task, "notes_wrapped_twice")  # the tool did not run unasked
+    approved = lab.cli("approve", task, str(idx))
+    assert approved.returncode == 0, approved.stderr
+    resumed = run(lab, task)
+    assert resumed.returncode == 0, resumed.stderr
+    assert ran(lab, task) == {"model": 2, "tool:read_note": 1, "tool:post_note": 1, "report": 1}
+    tools = [s["tool"] for s in lab.cli("status", task, "--json").json()["steps"]]
+    assert tools[idx : idx + 2] == ["approve:post_note", "tool:post_note"]
+
+
 @pytest.mark.parametrize("module", MODULES)
 def test_a_rejection_is_what_the_model_reads(sqlite_lab: Lab, module: str) -> None:
     lab = sqlite_lab

@@ -49,3 +49,20 @@ def test_without_the_integration_the_same_kill_repeats_model_calls(
     problems = kill_and_resume(sqlite_lab, "notes_sync", "before_effect", 0, expected)
     assert any(p.startswith("ran ") for p in problems), problems
     assert ran(sqlite_lab, "notes-sync-before-effect-0")["model"] == 4
+
+
+@pytest.mark.parametrize("via", ["run_config", "provider"])
+def test_a_model_the_run_config_gives_is_asked_once_across_kills(sqlite_lab: Lab, via: str) -> None:
+    """The SDK's ``RunConfig(model=...)`` replaces every agent's model, and its
+    ``model_provider`` resolves an agent's model name: the model a run gets so is
+    durable as the agent's own, asked once across every kill."""
+    setup(sqlite_lab, "oai_notes")
+    sqlite_lab.base_env["NOTES_MODEL_VIA"] = via
+    expected = baseline(sqlite_lab, "notes_sync")
+    problems = {}
+    for k in (0, 2):
+        for point in POINTS:
+            found = kill_and_resume(sqlite_lab, "notes_sync", point, k, expected)
+            if found:
+                problems[f"{point}:{k}"] = found
+    assert problems == {}

@@ -22,6 +22,13 @@ function-tool call a step named ``tool:<tool name>`` whose JSON result is
 never computed again; a tool function sees ``ninelives.current_step()`` and
 its ``idem_key``. Handoff agents are wrapped too. Outside a workflow, and
 inside a step of one, the agent behaves exactly as the one it was made from.
+A model the run's ``RunConfig`` gives (``model=``, or an agent's model name
+resolved by ``model_provider=``) is durable too, and so are the function tools
+the SDK lists for a turn, an MCP server's among them. No extension point sees
+either choice, so these two go beyond the SDK's public surface: the run loop's
+``get_model`` and ``get_all_tools`` are wrapped at import (for agents made by
+:func:`durable` only; every other agent gets the SDK's own answer), which is why
+the SDK version is pinned to the minor release the tests run.
 
 Tool calls of one model response run one at a time, in the order the tasks
 the SDK starts for them reach the tool; the result a replay hands a call is
@@ -71,7 +78,16 @@ from . import require
 SUPPORTED = ("0.24", "0.25")
 require("openai-agents", *SUPPORTED, extra="openai-agents")
 
-from agents import Agent, FunctionTool, Handoff, Model, ModelResponse  # noqa: E402
+from agents import (  # noqa: E402
+    Agent,
+    FunctionTool,
+    Handoff,
+    Model,
+    ModelResponse,
+    RunContextWrapper,
+    Tool,
+)
+from agents.run_internal import run_loop as _run_loop  # noqa: E402
 from agents.tool import DEFAULT_APPROVAL_REJECTION_MESSAGE  # noqa: E402
 from pydantic import TypeAdapter, ValidationError  # noqa: E402
 from pydantic_core import to_jsonable_python  # noqa: E402
@@ -102,14 +118,38 @@ class DurableModel(Model):
     def __init__(self, model: Model | str | None, *, name: str) -> None:
         self._model = model
         self.name = name
+        self._resolved: Model | None = model if isinstance(model, Model) else None
+        self._last: tuple[Model, DurableModel] | None = None
+        #: The step policy of each tool's calls, by tool name (``durable(tools=...)``).
+        self.tools: dict[str, Mapping[str, Any]] = {}
 
     def _inner(self) -> Model:
-        if isinstance(self._model, Model):
-            return self._model
-        from agents.models.multi_provider import MultiProvider
+        if self._resolved is None:
+            from agents.models.multi_provider import MultiProvider
 
-        self._model = MultiProvider().get_model(self._model)
-        return self._model
+            self._resolved = MultiProvider().get_model(self._model)  # type: ignore[arg-type]
+        return self._resolved
+
+    def for_run(self, run_config: Any) -> DurableModel:
+        """This agent's model as a run with ``run_config`` resolves it, durable under
+        this model's step name: the SDK lets ``RunConfig(model=...)`` replace every
+        agent's model, and its ``model_provider`` resolve an agent's model name."""
+        chosen = getattr(run_config, "model", None)
+        provider = getattr(run_config, "model_provider", None)
+        if isinstance(chosen, DurableModel):
+            return chosen
+        if isinstance(chosen, str) and provider is not None:
+            chosen = provider.get_model(chosen)
+        elif not isinstance(chosen, Model):
+            if isinstance(self._model, Model) or provider is None:
+                return self
+            chosen = provider.get_model(self._model)
+        if self._last is None or self._last[0] is not chosen:
+            # One wrapper per model a run gets: the SDK tells each model it
+            # resolved, by identity, when the run ends.
+            self._last = (chosen, DurableModel(chosen, name=self.name))
+            self._last[1].tools = self.tools
+        return self._last[1]
 
     async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
         """The inner model's response; inside a workflow, asked once and read back."""
@@ -132,6 +172,50 @@ class DurableModel(Model):
             )
         return self._inner().stream_response(*args, **kwargs)
 
+    async def _cleanup_on_run_end(self, owner: object) -> None:
+        """Tell the inner model its run ended, as the SDK tells the models it resolved."""
+        if self._resolved is not None:
+            await self._resolved._cleanup_on_run_end(owner)
+
+
+def _run_model(agent: Any, run_config: Any) -> Model:
+    """The SDK's choice of a turn's model, kept durable: an agent made by
+    :func:`durable` gets its :class:`DurableModel` resolved for the run (see
+    :meth:`DurableModel.for_run`); any other agent the SDK's own choice."""
+    own = getattr(agent, "model", None)
+    if isinstance(own, DurableModel):
+        return own.for_run(run_config)
+    return _SDK_MODEL(agent, run_config)
+
+
+async def _run_tools(agent: Agent[Any], context_wrapper: RunContextWrapper[Any]) -> list[Tool]:
+    """The tools the SDK gives a turn, each function tool of an agent made by
+    :func:`durable` made durable once: its MCP servers' tools too, which the SDK
+    makes function tools at each turn, outside ``agent.tools``."""
+    tools = await _SDK_TOOLS(agent, context_wrapper)
+    own = getattr(agent, "model", None)
+    if not isinstance(own, DurableModel):
+        return tools
+    return [
+        durable_tool(t, own.tools.get(t.name))
+        if isinstance(t, FunctionTool) and not hasattr(t.on_invoke_tool, "ninelives_made_from")
+        else t
+        for t in tools
+    ]
+
+
+# The SDK resolves a turn's model from the agent and the run's RunConfig, which
+# no Model sees: a model given per run would bypass the durable one and be asked
+# again after every resume. And it lists a turn's tools there, an MCP server's
+# among them, which no agent.tools holds. Its run loop is the one place both are
+# chosen, so that is where they are made durable.
+_SDK_MODEL = getattr(_run_loop.get_model, "sdk_get_model", _run_loop.get_model)
+_run_model.sdk_get_model = _SDK_MODEL  # type: ignore[attr-defined]
+_run_loop.get_model = _run_model
+_SDK_TOOLS = getattr(_run_loop.get_all_tools, "sdk_get_all_tools", _run_loop.get_all_tools)
+_run_tools.sdk_get_all_tools = _SDK_TOOLS  # type: ignore[attr-defined]
+_run_loop.get_all_tools = _run_tools
+
 
 def durable_tool(tool: FunctionTool, policy: Mapping[str, Any] | None = None) -> FunctionTool:
     """A copy of ``tool`` whose every call inside a workflow is one durable step
@@ -140,7 +224,15 @@ def durable_tool(tool: FunctionTool, policy: Mapping[str, Any] | None = None) ->
     A tool with ``needs_approval`` asks, inside a workflow, a ninelives approval
     step ``approve:<name>`` before its tool step instead of interrupting the run:
     the task waits for ``ninelives approve``; rejected, the model reads the note
-    (or the SDK's own rejection message) as the call's output."""
+    (or the SDK's own rejection message) as the call's output. A tool this made
+    already is made again from the tool it was made from (``policy`` the newest)."""
+    made_from = getattr(tool.on_invoke_tool, "ninelives_made_from", None)
+    if isinstance(made_from, FunctionTool):
+        # Wrapped once more, the copy's own needs_approval (False inside a
+        # workflow, where its invocation asks) would be read as the tool's:
+        # the tool would run unasked. An agent made durable twice, or a handoff
+        # target made durable on its own, gets each tool wrapped once.
+        tool = made_from
     invoke = tool.on_invoke_tool
     name = f"tool:{tool.name}"
     needs = tool.needs_approval
@@ -165,6 +257,7 @@ def durable_tool(tool: FunctionTool, policy: Mapping[str, Any] | None = None) ->
         # Inside a workflow ninelives asks, as a step, when the tool is invoked.
         return not in_workflow() and await _needs_approval(needs, context, params, call_id)
 
+    on_invoke_tool.ninelives_made_from = tool  # type: ignore[attr-defined]
     if needs is False:
         return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool)
     return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool, needs_approval=needs_approval)
@@ -224,10 +317,15 @@ def durable(
     seen = {} if _seen is None else _seen
     if id(agent) in seen:
         return seen[id(agent)]
-    model = agent.model if isinstance(agent.model, DurableModel) else None
-    wrapped = agent.clone(model=model or DurableModel(agent.model, name=_step_name(agent.name)))
-    seen[id(agent)] = wrapped
     policies = dict(tools or {})
+    model = agent.model if isinstance(agent.model, DurableModel) else None
+    if model is None or policies:  # the agent made durable already keeps its own
+        spec = agent.model._model if isinstance(agent.model, DurableModel) else agent.model
+        made = DurableModel(spec, name=model.name if model else _step_name(agent.name))
+        made.tools = {**(model.tools if model else {}), **policies}
+        model = made
+    wrapped = agent.clone(model=model)
+    seen[id(agent)] = wrapped
     wrapped.tools = [
         durable_tool(t, policies.get(t.name)) if isinstance(t, FunctionTool) else t
         for t in agent.tools
