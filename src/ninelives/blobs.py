@@ -116,6 +116,14 @@ def escape(encoded: str) -> str:
     return '{"' + RAW_KEY + '":' + encoded + "}"
 
 
+def unescape(output: Any) -> Any:
+    """What :func:`escape` wrapped: the output a reader finds under a stored
+    ``{"$raw": <output>}``; any other value as it is."""
+    if isinstance(output, dict) and len(output) == 1 and isinstance(output.get(RAW_KEY), dict):
+        return output[RAW_KEY]
+    return output
+
+
 def nested_refs(value: Any) -> Iterator[BlobRef]:
     """Every reference anywhere inside ``value`` (a JSON value)."""
     if isinstance(value, dict):
@@ -200,8 +208,8 @@ def resolve_step(step: Step, blobs: Blobs | None) -> Step:
     output = step.output
     if output is None or len(output) != 1:
         return step
-    if RAW_KEY in output and isinstance(output[RAW_KEY], dict):
-        return step._replace(output=output[RAW_KEY])
+    if (unescaped := unescape(output)) is not output:
+        return step._replace(output=unescaped)
     ref = parse_ref(output)
     if ref is None:
         return step
@@ -219,8 +227,7 @@ def resolve_step(step: Step, blobs: Blobs | None) -> Step:
             task_id=step.task_id,
             step=step.idx,
         ) from exc
-    if isinstance(value, dict) and len(value) == 1 and isinstance(value.get(RAW_KEY), dict):
-        value = value[RAW_KEY]
+    value = unescape(value)
     if not isinstance(value, dict):
         value = {"value": value}
     return step._replace(output=value, output_blob=ref._asdict())

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, cast
 
 from .blobs import Blobs, escape, needs_escape
 from .errors import OutputRefused
@@ -30,6 +30,11 @@ def dumps(value: Any) -> str:
     becoming ``NaN``/``Infinity``, which SQLite's ``json_extract``, PostgreSQL's
     ``jsonb`` and most JSON readers refuse.
     """
+    if _encode is not None:
+        try:
+            return "".join(_encode(value, 0))
+        except RecursionError:
+            pass  # a value that holds itself, or nests past the stack: the encoder below says which
     return _CANONICAL.encode(value)
 
 
@@ -37,6 +42,29 @@ def dumps(value: Any) -> str:
 _CANONICAL = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
 )
+
+
+def _fast_encoder() -> Callable[[Any, int], Sequence[str]] | None:
+    """``_CANONICAL``'s own C encoder, made once rather than at each call (every
+    journal row, digest link and output is encoded: most are a few bytes, and
+    making the encoder cost more than using it). Without the table of objects
+    being encoded that finds a value holding itself: such a value ends in a
+    RecursionError, and :func:`dumps` asks ``_CANONICAL`` then. None where the
+    interpreter has no C encoder, or one that encodes otherwise."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return None
+    try:
+        encode = make(None, _CANONICAL.default, json.encoder.encode_basestring, None,
+                      ":", ",", True, False, False)  # fmt: skip
+        probe = {"b": [1.5, None, True, "é\n"], "a": {}}
+        fits = "".join(encode(probe, 0)) == _CANONICAL.encode(probe)
+    except (TypeError, ValueError):
+        return None
+    return cast(Callable[[Any, int], Sequence[str]], encode) if fits else None
+
+
+_encode = _fast_encoder()
 
 
 def storable(value: Any, what: str) -> str:

@@ -26,6 +26,7 @@ from typing import Any
 from .errors import InputError, PlanTampered, TaskCancelled
 from .journal import dumps, storable
 from .models import Step, StepStatus, Task, TaskStatus, is_workflow
+from .version import __version__
 
 #: Labels the chain, so that a digest of another kind can never match one of ours.
 _CHAIN = "ninelives-plan-v1"
@@ -161,8 +162,6 @@ def fork_steps(source: Task, start: int, appended_by: Mapping[int, int]) -> list
 def started_data(tool: str, attempt: int, tool_version: str | None = None) -> dict[str, Any]:
     """The data of a ``step_started``: the tool and attempt, the ninelives
     version running it and, when the tool declares one, the tool's version."""
-    from .version import __version__
-
     data: dict[str, Any] = {"tool": tool, "attempt": attempt, "ninelives": __version__}
     if tool_version is not None:
         data["tool_version"] = tool_version

@@ -81,33 +81,46 @@ class TaskLock:
         self.offset = int(os.path.basename(self.path)[:15], 16)
         self._fds: list[int] = []
 
-    def acquire(self) -> None:
+    def acquire(self, *, make: bool = True) -> bool:
         """Take the lock or raise :class:`TaskBusy` at once (never waits).
 
         Raises :class:`StoreError` if the lock folder is a symlink or not a
         folder: two databases (or two names of one) must never share locks
-        through a link, and a link must not steer lock files elsewhere.
+        through a link, and a link must not steer lock files elsewhere. With
+        ``make`` False, only a lock whose folder and file exist is taken (a
+        byte of :data:`TASKS_LOCK` where :data:`RANGES`): nothing is made, and
+        False says nothing was taken. True when the lock is held.
         """
+        if not make and not RANGES:
+            return False  # each task has its own file: taking it would make one
         folder = os.path.dirname(self.path)
         try:
-            os.mkdir(folder, 0o700)
-        except FileExistsError:
-            pass
+            dir_fd = open_lock_folder(folder)
+        except FileNotFoundError:
+            if not make:
+                return False
+            try:
+                os.mkdir(folder, 0o700)
+            except FileExistsError:
+                pass  # made by another process meanwhile
+            dir_fd = open_lock_folder(folder)
         # The folder is opened without following a link, and the lock file
         # opened inside that very folder (dir_fd): no swap between check and use.
-        dir_fd = open_lock_folder(folder)
         try:
             own = os.path.basename(self.path)
-            if RANGES:
-                self._take(TASKS_LOCK, dir_fd, create=True, ranged=True)
+            if RANGES and not self._take(TASKS_LOCK, dir_fd, create=make, ranged=True):
+                return False
             self._take(own, dir_fd, create=not RANGES, ranged=False)
         except BaseException:
             self.release()
             raise
         finally:
             os.close(dir_fd)
+        return True
 
-    def _take(self, name: str, dir_fd: int, *, create: bool, ranged: bool) -> None:
+    def _take(self, name: str, dir_fd: int, *, create: bool, ranged: bool) -> bool:
+        """Lock file ``name`` in the folder ``dir_fd``: False when it is missing
+        and not to be made, else True once locked (TaskBusy if another holds it)."""
         # os.open makes the descriptor non-inheritable, so a tool's child
         # process cannot keep the lock alive after this process dies.
         flags = os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
@@ -116,7 +129,7 @@ class TaskLock:
         except FileNotFoundError:
             if create:
                 raise
-            return  # no per-task file: no older version has claimed the task
+            return False  # no per-task file: no older version has claimed the task
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.EISDIR):
                 raise StoreError(not_a_lock_file(os.path.dirname(self.path), name)) from None
@@ -131,6 +144,7 @@ class TaskLock:
             if exc.errno in _BUSY:
                 raise TaskBusy(f"task {self.task_id!r} is being run by another process") from None
             raise
+        return True
 
     def surely_free(self) -> bool:
         """Whether no process can hold this lock, known without taking it: where

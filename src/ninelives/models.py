@@ -9,11 +9,13 @@ twice the bare interpreter's time). Build them with keyword arguments.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import Enum
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from .errors import DamagedTask
+
+E = TypeVar("E", bound=Enum)
 
 #: The tool of an agent's model turn (see :mod:`ninelives.agent`).
 AGENT_TOOL = "agent"
@@ -70,6 +72,24 @@ class StepStatus(str, Enum):
     BLOCKED = "blocked"
     #: An ``approval`` step waiting for ``ninelives approve``.
     WAITING = "waiting"
+
+
+def _lookup(enum: type[E]) -> Callable[[Any], E]:
+    """``enum(value)`` for a stored value, as one dict lookup (a row read calls it
+    once per step; the Enum call costs several times more), the same error."""
+    members = {m.value: m for m in enum}
+
+    def member(value: Any) -> E:
+        try:
+            return members[value]
+        except KeyError:
+            raise ValueError(f"{value!r} is not a valid {enum.__name__}") from None
+
+    return member
+
+
+_task_status = _lookup(TaskStatus)
+_step_status = _lookup(StepStatus)
 
 
 class EventKind(str, Enum):
@@ -145,7 +165,7 @@ class Step(NamedTuple):
                 idx=idx,
                 tool=checked(tool, "text", "tool"),
                 input=load_json_object(raw_input),
-                status=StepStatus(status),
+                status=_step_status(status),
                 output=load_json_object(output) if output is not None else None,
                 attempts=attempts,
                 policy=load_json_object(policy) if policy is not None else None,
@@ -190,7 +210,7 @@ class Task(NamedTuple):
         (schemas older than 0006 have no ``plan_sha256``)."""
         task_id, goal, status, created_at, updated_at, lease_epoch, artifacts, *rest = row
         try:
-            task_status = TaskStatus(status)
+            task_status = _task_status(status)
             checked(goal, "text", "goal")
             checked(created_at, "time", "created_at")
             checked(updated_at, "time", "updated_at")
@@ -332,21 +352,21 @@ def checked(value: Any, kind: str, column: str) -> Any:
     SQLite keeps any value in any column (a BLOB in ``goal``, text or 1e308
     in a time, as edited by hand): checked once here, as rows are read, so no
     command meets one as a traceback deep in its code."""
-    if value is None and kind.endswith("?"):
+    if (value is None and kind[-1] == "?") or _FITS[kind.rstrip("?")](value):
         return value
-    kind = kind.rstrip("?")
-    if kind == "text":
-        ok = type(value) is str
-    elif kind == "integer":
-        ok = type(value) is int
-    elif kind == "epoch":
-        ok = type(value) is int and 0 <= value <= MAX_EPOCH
-    else:  # a time: a finite number a date can be made of (NaN fails both tests)
-        ok = type(value) in (int, float) and -MAX_TIMESTAMP <= value <= MAX_TIMESTAMP
-    if not ok:
-        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-        raise TypeError(f"column {column!r} holds {shown}, not {_KINDS[kind]}")
-    return value
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    raise TypeError(f"column {column!r} holds {shown}, not {_KINDS[kind.rstrip('?')]}")
+
+
+#: Whether a stored value is of each kind of :func:`checked` (a row read checks
+#: every column: one call each, no chain of tests).
+_FITS: dict[str, Callable[[Any], bool]] = {
+    "text": lambda v: type(v) is str,
+    "integer": lambda v: type(v) is int,
+    "epoch": lambda v: type(v) is int and 0 <= v <= MAX_EPOCH,
+    # A finite number a date can be made of (NaN fails both comparisons).
+    "time": lambda v: type(v) in (int, float) and -MAX_TIMESTAMP <= v <= MAX_TIMESTAMP,
+}
 
 
 #: How deep a plan, a step's output or progress may nest (arrays and objects),
@@ -380,9 +400,21 @@ def load_json(text: str) -> Any:
     if nested_deeper(text, MAX_READ_DEPTH):
         raise ValueError(f"its JSON nests more than {MAX_READ_DEPTH} levels deep")
     try:
-        return json.loads(text)
+        # Stored text is one JSON value with no space around it: the decoder's
+        # scanner reads it at once (every row read decodes several). Any other
+        # text takes json.loads, which decodes it or says why it cannot.
+        try:
+            value, end = _scan(text, 0)
+        except StopIteration:
+            end = -1
+        return value if end == len(text) else json.loads(text)
     except RecursionError:
         raise ValueError("its JSON nests too deeply to decode") from None
+
+
+#: ``json.loads``' own scanner (an attribute typeshed leaves out): ``(value, end)``
+#: of the JSON value at an index, StopIteration when none starts there.
+_scan: Callable[[str, int], tuple[Any, int]] = vars(json.JSONDecoder())["scan_once"]
 
 
 def load_json_object(text: str | None) -> dict[str, Any]:

@@ -157,6 +157,14 @@ def look(step_input, ctx):
     seen = ctx.outputs[0]
     return {"types": [type(seen["pair"]).__name__, type(seen["more"]).__name__], "seen": seen}
 
+@tool("mimic")
+def mimic(step_input, ctx):
+    return {"$raw": {"x": 1}}
+
+@tool("peek")
+def peek(step_input, ctx):
+    return {"seen": ctx.outputs[2]}
+
 class Later(dict):
     pass
 """
@@ -165,19 +173,24 @@ class Later(dict):
 def test_a_later_step_reads_an_output_as_committed_killed_in_between_or_not(lab: Lab) -> None:
     # The next step of the same run got what the tool returned (a tuple, a dict
     # subclass), a resumed run what was committed (a list, a dict): code that
-    # worked after a kill failed without one, or the other way round.
+    # worked after a kill failed without one, or the other way round. And an
+    # output that looks like a stored escape ({"$raw": ...}) reached the next
+    # step of the same run escaped once more ({"$raw": {"$raw": ...}}).
     lab.write("shapes.py", SHAPES)
-    steps = [{"tool": name, "input": {}} for name in ("pair", "look")]
+    steps = [{"tool": name, "input": {}} for name in ("pair", "look", "mimic", "peek")]
     lab.write_plan({"goal": "g", "steps": steps}, "shapes.json")
     tools = {"NINELIVES_TOOLS": "shapes"}
-    for task in ("whole", "killed"):
+    for task in ("whole", "killed0", "killed2"):
         assert lab.cli("create", task, "shapes.json", **tools).returncode == 0
     assert lab.cli("run", "whole", **tools).returncode == 0
-    assert lab.cli("run", "killed", AGENT_CRASH_AT="after_commit:0", **tools).returncode == -9
-    assert lab.cli("run", "killed", **tools).returncode == 0
-    whole, killed = lab.snapshot("whole").outputs, lab.snapshot("killed").outputs
+    for task in ("killed0", "killed2"):
+        crash = {"AGENT_CRASH_AT": f"after_commit:{task[-1]}"}
+        assert lab.cli("run", task, **crash, **tools).returncode == -9
+        assert lab.cli("run", task, **tools).returncode == 0
+    whole = lab.snapshot("whole").outputs
     assert whole[1]["types"] == ["list", "dict"]
-    assert whole == killed
+    assert whole[3] == {"seen": {"$raw": {"x": 1}}}
+    assert whole == lab.snapshot("killed0").outputs == lab.snapshot("killed2").outputs
 
 
 EXITS = {

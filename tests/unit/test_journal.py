@@ -1,13 +1,16 @@
-"""The journal invariant checker and canonical JSON (pure)."""
+"""The journal invariant checker, canonical JSON and reading stored rows (pure)."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from ninelives.errors import DamagedTask
 from ninelives.journal import dumps, invariant_violations
-from ninelives.models import Event
+from ninelives.models import Event, Step, StepStatus, Task, load_json
 
 
 def _journal(*rows: tuple[str, str, int | None]) -> list[Event]:
@@ -97,3 +100,32 @@ def test_unknown_kinds_are_ignored() -> None:
 )
 def test_dumps_is_canonical(value: Any, text: str) -> None:
     assert dumps(value) == text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a":[1,2],"b":"é"}', '" x"', "1", "-2.5e3", "null", "NaN", "-Infinity",
+        ' {"a":1}', '{"a":1}\n', '{"a":1} x', '{"a":1}{"b":2}', "", " ", "{", "[1,]",
+        '{"a":1,"a":2}', '"\\ud800"',
+    ],
+)  # fmt: skip
+def test_a_stored_json_text_reads_as_json_loads_reads_it(text: str) -> None:
+    # load_json takes the decoder's scanner at once for the usual stored text;
+    # padded, trailing or broken text must come out as json.loads makes it.
+    def read(decode: Callable[[str], Any]) -> str:
+        try:
+            return repr(("value", decode(text)))  # repr: NaN is not equal to itself
+        except ValueError as exc:
+            return repr(("error", str(exc)))
+
+    assert read(load_json) == read(json.loads)
+
+
+def test_a_stored_status_this_version_does_not_know_makes_the_row_damaged() -> None:
+    step = (0, "echo", "{}", "bogus", None, 0, None, None, None)
+    with pytest.raises(DamagedTask, match="step 0: 'bogus' is not a valid StepStatus"):
+        Step.from_row("t", step)
+    with pytest.raises(DamagedTask, match="task: 'gone' is not a valid TaskStatus"):
+        Task.from_row(("t", "g", "gone", 1.0, 1.0, 0, None), ())
+    assert Step.from_row("t", (*step[:3], "done", *step[4:])).status is StepStatus.DONE

@@ -126,3 +126,32 @@ def test_a_file_an_earlier_build_holds_refuses_the_task(tmp_path: Path) -> None:
     assert check.returncode != 0
     assert b"BlockingIOError" in check.stderr
     lock.release()
+
+
+@pytest.mark.parametrize("ranges", [True, False], ids=["byte-of-tasks.lock", "file-per-task"])
+def test_a_lock_taken_without_making_makes_nothing_and_holds_as_any(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ranges: bool
+) -> None:
+    """``acquire(make=False)``, a run's try before its claim's checks: where taking
+    the lock would make a folder or a file, it takes nothing and makes nothing (a
+    task that cannot run leaves no trace); where the shared file exists, it holds
+    the task as a full acquire does."""
+    if not ranges:
+        monkeypatch.setattr(locking, "RANGES", False)
+    db, folder = str(tmp_path / "state.db"), tmp_path / "state.db.locks"
+    assert TaskLock(db, "t").acquire(make=False) is False
+    assert not folder.exists()
+    other = TaskLock(db, "other")
+    other.acquire()  # the folder, and the shared file or the other task's own
+    other.release()
+    made = sorted(os.listdir(folder))
+    early = TaskLock(db, "t")
+    assert early.acquire(make=False) is ranges
+    assert sorted(os.listdir(folder)) == made
+    assert is_held(db, "t") is ranges
+    if ranges:
+        assert _refused(db, "t")
+        with pytest.raises(TaskBusy):
+            TaskLock(db, "t").acquire(make=False)
+    early.release()
+    assert not is_held(db, "t")

@@ -12,7 +12,9 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .. import crashpoints
+from .. import blobs, crashpoints
+from ..durable import Workflow
+from ..durable import prepare as prepare_workflow
 from ..errors import (
     InputError,
     PlanError,
@@ -40,10 +42,11 @@ from ..names import check_task_id as check_task_id
 from ..names import new_run_id as new_run_id
 from ..settings import BLOB_THRESHOLD_OFF, Settings
 from ..store import journal, open_store
+from ..tools.effects import TASK_ARTIFACTS, remove_orphans
 from .steps import StepRunner
+from .waits import after_claim, modes, refuse_parked
 
 if TYPE_CHECKING:
-    from ..durable import Workflow
     from ..plan import Plan
     from ..tools import Registry
 
@@ -188,9 +191,6 @@ class Runtime(StepRunner):
         args: tuple[Any, ...],
         kwargs: Mapping[str, Any],
     ) -> Plan:
-        from ..durable import Workflow
-        from ..durable import prepare as prepare_workflow
-
         if isinstance(plan, Workflow):
             return prepare_workflow(task_id, plan, args, kwargs)
         if args or kwargs:
@@ -318,8 +318,6 @@ class Runtime(StepRunner):
         """``run``'s check before its claim: a parked task, a missing tool, another
         artifacts folder or a blob folder that is a symlink stops it with nothing
         written."""
-        from .waits import refuse_parked
-
         refuse_parked(task)
         self.resolve_tools(task)
         # A done or failed task runs nothing and publishes nothing: its run is the
@@ -342,8 +340,6 @@ class Runtime(StepRunner):
 
     def unknown_modes(self) -> Callable[[Step], str]:
         """``on_unknown(step)`` for a claim: each step's mode for an unknown outcome."""
-        from .waits import modes
-
         return modes(self.tools)
 
     def resolve_tools(self, task: Task) -> None:
@@ -419,9 +415,6 @@ class Runtime(StepRunner):
 
             raise cancelled(task_id)
         crashpoints.crash("after_recovery")  # the claim may have parked it: see after_claim
-        from .. import blobs
-        from ..tools.effects import TASK_ARTIFACTS
-
         folder = self._artifacts_for(task)
         if run.recovered or any(s.attempts and s.status is StepStatus.PENDING for s in task.steps):
             # Only an attempt that died leaves temporary files: its step is found
@@ -431,8 +424,6 @@ class Runtime(StepRunner):
         token = TASK_ARTIFACTS.set(folder)
         blob_token = blobs.CURRENT.set((self.store.blobs, task_id))
         try:
-            from .waits import after_claim
-
             if is_workflow(task.goal):  # its code runs the steps; probes when it calls them
                 from .workflows import drive
 
@@ -445,8 +436,6 @@ class Runtime(StepRunner):
 
     def _remove_orphans(self, task: Task, folder: str | None = None) -> None:
         """Delete the temporary files (artifacts, blobs) a killed run of ``task`` left."""
-        from ..tools.effects import remove_orphans
-
         remove_orphans(folder or self._artifacts_for(task), task.id, log=self._log)
         self.store.blobs.remove_orphans(task.id)
 

@@ -17,6 +17,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from .. import crashpoints
+from ..blobs import unescape
 from ..errors import CommitUnknown, PlanError, StoreError, TaskCancelled, TaskFailed
 from ..humanize import duration
 from ..journal import dumps, encode_output, out_of_row
@@ -29,18 +30,23 @@ from ..models import (
     StepStatus,
     Task,
     TaskStatus,
+    load_json,
 )
 from ..policy import (
     USER_ERRORS,
     Limits,
     StepTimeout,
+    alarm_held,
     describe,
+    encode_progress,
     is_cancel,
     limits_for,
     retry_delay,
+    time_limit,
 )
 from ..settings import Settings
 from ..store import StepNotDue, Store
+from ..tools import ToolContext
 
 if TYPE_CHECKING:
     from ..agent import Continuation
@@ -127,8 +133,9 @@ class StepRunner:
                     run, step, *result, last=step is pending[-1], took=time.monotonic() - began
                 )
                 # The later steps read the output as committed, as a resumed run
-                # does: never the tool's own objects (a tuple, a dict subclass).
-                ctx[step.idx] = json.loads(result[1])
+                # does: never the tool's own objects (a tuple, a dict subclass),
+                # nor the escape that kept an output like {"$raw": ...} as it was.
+                ctx[step.idx] = unescape(load_json(result[1]))
                 if follow is not None:
                     pending.extend(_appended(task_id, step.idx, follow))
                 break
@@ -227,8 +234,6 @@ class StepRunner:
         (the tool raised or overran its timeout, or its output cannot be
         stored). Raises TaskFailed when the error ends the task. ``fresh``: the
         step's start was committed just before (see :meth:`before_effect`)."""
-        from ..tools import ToolContext
-
         self.before_effect(run, step.idx, fresh)
         context = ToolContext(
             task_id=run.task_id, step=step.idx, attempt=attempt, outputs=ctx,
@@ -274,8 +279,6 @@ class StepRunner:
     def saver(self, run: Run, step: Step, began: float) -> Callable[[Any], None]:
         """``ctx.checkpoint`` of one step: checked like an output, committed fenced,
         then reported to ``on_progress`` (only what was committed is shown)."""
-        from ..policy import alarm_held, encode_progress
-
         report = self._on_progress
 
         def save(value: Any) -> None:
@@ -293,8 +296,6 @@ class StepRunner:
     ) -> AbstractContextManager[Any]:
         """The step's timeout: SIGALRM in the main thread, a watchdog elsewhere
         (see :mod:`ninelives.policy`); nothing without a ``timeout``."""
-        from ..policy import time_limit
-
         timeout = limits.timeout or 0.0
 
         def overrun() -> None:

@@ -14,8 +14,8 @@ server reads its own).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import crashpoints, lineage
@@ -132,33 +132,44 @@ class Journaling:
         )  # fmt: skip
 
 
-@contextmanager
-def cancel_aware(
-    run: Run,
-    task_row: Callable[[], Sequence[Any] | None],
-    transaction: Callable[[], AbstractContextManager[Transaction]],
-    *settle: Any,
-) -> Iterator[None]:
+class CancelAware:
     """Around a fenced commit: a refusal because the task was cancelled under this
     runner's epoch raises TaskCancelled, any other LeaseLost as it is.
     ``task_row()`` reads the task's row (or raises :class:`StoreError`), only on
     that path. With ``settle`` (``"finish", idx, tool, output`` or ``"error",
     idx, error``), what the runner owes is committed first, in a
-    ``transaction()`` of its own: see :func:`settle_finish`, :func:`settle_error`."""
-    try:
-        yield
-    except LeaseLost as exc:
+    ``transaction()`` of its own: see :func:`settle_finish`, :func:`settle_error`.
+
+    A class, not a generator: every commit of a step enters one."""
+
+    __slots__ = ("run", "settle", "task_row", "transaction")
+
+    def __init__(
+        self,
+        run: Run,
+        task_row: Callable[[], Sequence[Any] | None],
+        transaction: Callable[[], AbstractContextManager[Transaction]],
+        *settle: Any,
+    ) -> None:
+        self.run, self.task_row, self.transaction, self.settle = run, task_row, transaction, settle
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if not isinstance(exc, LeaseLost):
+            return
         try:
-            row = task_row()
+            row = self.task_row()
         except StoreError:  # the lease error stands
             raise exc from None
-        if row is None or row[2] != "cancelled" or row[5] != run.epoch:
+        if row is None or row[2] != "cancelled" or row[5] != self.run.epoch:
             raise exc from None
-        if settle:
-            owed = settle_finish if settle[0] == "finish" else settle_error
-            with transaction() as tx:
-                owed(tx, run, *settle[1:])
-        raise lineage.cancelled(run.task_id) from None
+        if self.settle:
+            owed = settle_finish if self.settle[0] == "finish" else settle_error
+            with self.transaction() as tx:
+                owed(tx, self.run, *self.settle[1:])
+        raise lineage.cancelled(self.run.task_id) from None
 
 
 def cancel(tx: Transaction, task_id: str, run_id: str, reason: str | None) -> tuple[Task, bool]:
@@ -403,7 +414,7 @@ class SharedCommits:
         raise NotImplementedError
 
     def _cancel_aware(self, run: Run, *settle: Any) -> AbstractContextManager[None]:
-        return cancel_aware(run, lambda: self.task_row(run.task_id), self.transaction, *settle)
+        return CancelAware(run, lambda: self.task_row(run.task_id), self.transaction, *settle)
 
     def append_step(
         self,

@@ -11,7 +11,9 @@ import json
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..blobs import row_ref
 from ..errors import CommitUnknown, InputError, TaskExists, TaskIdRemoved
+from ..journal import dumps
 from ..lineage import check_plan
 from ..models import (
     APPROVAL_TOOL,
@@ -100,8 +102,6 @@ def first_pending_step(task: Task) -> Step | None:
 def retry_target(task: Task, step: int | None) -> int:
     """The index of the step that :meth:`Store.retry_task` puts back to ``pending``,
     or :class:`InputError` when the task cannot be retried as asked."""
-    from ..models import StepStatus, TaskStatus
-
     failed = [s.idx for s in task.steps if s.status is StepStatus.FAILED]
     if task.status is not TaskStatus.FAILED:
         raise InputError(
@@ -129,8 +129,6 @@ def appended_rows(task_id: str, start: int, append: Sequence[Appended]) -> list[
 
 def step_rows(task_id: str, plan: Plan) -> list[dict[str, Any]]:
     """The ``insert_step`` parameters of a new task's steps, the same on both stores."""
-    from ..journal import dumps
-
     return [
         {
             "id": task_id,
@@ -174,8 +172,6 @@ def task_exists(task_id: str, taken: Sequence[Any]) -> TaskExists | TaskIdRemove
 def finished_data(tool: str, output: str) -> dict[str, Any]:
     """The data of a ``step_finished`` event: the tool, and the reference when the
     output is stored as a blob (so that ``export`` shows it)."""
-    from ..blobs import row_ref
-
     ref = row_ref(output)
     if ref is None:
         return {"tool": tool}

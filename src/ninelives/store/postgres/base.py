@@ -327,7 +327,7 @@ class Session:
 
     def task_row(self, task_id: str) -> Any:
         """``get_task``'s row of a task, read on its own, for
-        :func:`~ninelives.store.commits.cancel_aware`."""
+        :class:`~ninelives.store.commits.CancelAware`."""
         with self._read() as conn:
             return conn.execute(Q["get_task"], {"id": task_id}).fetchone()
 

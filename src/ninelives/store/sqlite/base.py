@@ -15,7 +15,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from ... import crashpoints
 from ...blobs import FolderBlobs, folder_for, resolve_task
@@ -239,32 +239,13 @@ class SQLiteBase(SQLiteHousekeepingWrites):
         group.attach()
         self._group = group
 
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def _write(self) -> AbstractContextManager[sqlite3.Connection]:
+        """One write transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``), rolled back
+        on any error; SQLite's errors translated (:meth:`_translate`), an
+        ``IntegrityError`` left as it is. Through the group when one is joined."""
         if self._group is not None:
-            with self._group.write() as conn:
-                yield conn
-            return
-        conn = self._conn
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot start a write on {self.url}: {describe(exc)}") from exc
-        try:
-            if not self._folder_synced:
-                self._sync_folder()
-            yield conn
-            conn.execute("COMMIT")
-        except BaseException as exc:
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass  # already rolled back by SQLite, or the file is gone
-            if isinstance(exc, sqlite3.IntegrityError):
-                raise
-            if isinstance(exc, sqlite3.Error):
-                raise self._translate(exc) from exc
-            raise
+            return self._group.write()
+        return _Write(self)
 
     def _sync_folder(self) -> None:
         # SQLite fsyncs the folder when it creates the WAL but ignores a failure
@@ -317,7 +298,7 @@ class SQLiteBase(SQLiteHousekeepingWrites):
 
     def task_row(self, task_id: str) -> Any:
         """``get_task``'s row of a task, outside any transaction, for
-        :func:`~ninelives.store.commits.cancel_aware` and a ``run`` of a
+        :class:`~ninelives.store.commits.CancelAware` and a ``run`` of a
         task another process holds."""
         try:
             return self._conn.execute(Q["get_task"], {"id": task_id}).fetchone()
@@ -400,13 +381,63 @@ class SQLiteBase(SQLiteHousekeepingWrites):
         task = task._replace(artifacts=resolved_folder(self.path, task.artifacts))
         return resolve_task(task, self.blobs) if resolve else task
 
-    def _lock(self, task_id: str) -> TaskLock:
+    @overload
+    def _lock(self, task_id: str) -> TaskLock: ...
+    @overload
+    def _lock(self, task_id: str, *, make: Literal[False]) -> TaskLock | None: ...
+
+    def _lock(self, task_id: str, *, make: bool = True) -> TaskLock | None:
+        """The task's lock, taken (TaskBusy if another process holds it). With
+        ``make`` False, None where taking it would make a file or folder."""
         lock = TaskLock(self.path, task_id)
         try:
-            lock.acquire()
+            return lock if lock.acquire(make=make) else None
         except OSError as exc:
             raise StoreError(f"cannot lock task {task_id!r}: {exc.strerror}") from None
-        return lock
+
+
+class _Write:
+    """:meth:`SQLiteBase._write` outside a group: a class, not a generator, as
+    every commit enters one."""
+
+    __slots__ = ("base",)
+
+    def __init__(self, base: SQLiteBase) -> None:
+        self.base = base
+
+    def __enter__(self) -> sqlite3.Connection:
+        base, conn = self.base, self.base._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot start a write on {base.url}: {describe(exc)}") from exc
+        if not base._folder_synced:
+            try:
+                base._sync_folder()
+            except BaseException as exc:
+                self._roll_back(exc)
+                raise
+        return conn
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if exc is None:
+            try:
+                self.base._conn.execute("COMMIT")
+            except BaseException as failed:
+                self._roll_back(failed)
+                raise
+        else:
+            self._roll_back(exc)  # then the body's error goes on as it is
+
+    def _roll_back(self, exc: BaseException) -> None:
+        """Roll back after ``exc``; raise SQLite's error translated (an
+        ``IntegrityError`` aside: the caller tells a taken id by it)."""
+        try:
+            self.base._conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass  # already rolled back by SQLite, or the file is gone
+        if isinstance(exc, sqlite3.Error) and not isinstance(exc, sqlite3.IntegrityError):
+            raise self.base._translate(exc) from exc
 
 
 def lease_lost(run: Run) -> LeaseLost:

@@ -26,6 +26,7 @@ that the path still names the file it checked.
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 from typing import Any
@@ -146,14 +147,23 @@ def stored_folder(db: str, folder: str | None) -> str | None:
     if folder is None:
         return None
     base, folder = os.path.dirname(db), os.path.abspath(folder)
-    if os.path.commonpath([base, folder]) != base:
+    if not _inside(base, folder):
         real = os.path.realpath(folder)  # only then: it asks the file system
-        if os.path.commonpath([base, real]) != base:
+        if not _inside(base, real):
             return check_folder_text(folder)
         folder = real
-    return check_folder_text(os.path.relpath(folder, base))
+    # Inside base, both normalized: the path below it is the tail of the text.
+    return check_folder_text(folder[len(base.rstrip(os.sep)) + 1 :] or os.curdir)
 
 
+def _inside(base: str, folder: str) -> bool:
+    """Whether the normalized absolute ``folder`` is ``base`` or inside it (as
+    ``os.path.commonpath([base, folder]) == base``, without its list work: every
+    ``create`` asks)."""
+    return folder == base or folder.startswith(base.rstrip(os.sep) + os.sep)
+
+
+@functools.lru_cache(maxsize=64)  # every read of a task; a pure function of text
 def resolved_folder(db: str, stored: str | None) -> str | None:
     """The absolute artifacts folder that :func:`stored_folder` recorded (tasks
     of earlier versions recorded absolute folders, kept as they are)."""

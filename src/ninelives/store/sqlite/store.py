@@ -163,21 +163,28 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
         # (tried, never waited on) and claims it: no other runner can commit
         # between the read and the claim. UnknownTask, DamagedTask, a cancel, an
         # edited plan and a refusal by ``check`` come before the lock file is
-        # made: a task that cannot run here leaves no trace.
-        if is_held(self.path, task_id):  # at once, not after waiting for the write lock
+        # made: a task that cannot run here leaves no trace. Another holder is
+        # found at once, not after waiting for the write lock: where the lock is
+        # a byte of a shared file that exists, it is taken now (nothing made, two
+        # opens fewer than looking first); else looked at now, taken in the claim.
+        try:
+            held = self._early_lock(task_id)
+            if held is None and is_held(self.path, task_id):
+                raise TaskBusy(f"task {task_id!r} is being run by another process")
+        except TaskBusy:
             # A cancel is final, and its holder may not find it before its next
             # commit (asleep in a backoff): a cancelled task is refused as such.
             row = self.task_row(task_id)
             if row is not None and row[2] == TaskStatus.CANCELLED.value:
-                raise lineage.cancelled(task_id)
-            raise TaskBusy(f"task {task_id!r} is being run by another process")
-        held: TaskLock | None = None
+                raise lineage.cancelled(task_id) from None
+            raise
 
         def admit(found: Task) -> None:
             nonlocal held
             if check is not None:
                 check(found)
-            held = self._lock(task_id)
+            if held is None:
+                held = self._lock(task_id)
 
         try:
             claimed = self._claim(
@@ -193,6 +200,15 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
         assert held is not None
         self._locks[run_id] = held
         return claimed
+
+    def _early_lock(self, task_id: str) -> TaskLock | None:
+        """The task's lock if it can be taken before the claim's checks without
+        making anything; None leaves it to the claim (a folder to refuse is
+        refused there, after the checks that come first)."""
+        try:
+            return self._lock(task_id, make=False)
+        except StoreError:
+            return None
 
     def claim_next(
         self,
