@@ -15,7 +15,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ... import crashpoints
 from ...blobs import FolderBlobs, folder_for, resolve_task
@@ -381,19 +381,13 @@ class SQLiteBase(SQLiteHousekeepingWrites):
         task = task._replace(artifacts=resolved_folder(self.path, task.artifacts))
         return resolve_task(task, self.blobs) if resolve else task
 
-    @overload
-    def _lock(self, task_id: str) -> TaskLock: ...
-    @overload
-    def _lock(self, task_id: str, *, make: Literal[False]) -> TaskLock | None: ...
-
-    def _lock(self, task_id: str, *, make: bool = True) -> TaskLock | None:
-        """The task's lock, taken (TaskBusy if another process holds it). With
-        ``make`` False, None where taking it would make a file or folder."""
+    def _lock(self, task_id: str) -> TaskLock:
         lock = TaskLock(self.path, task_id)
         try:
-            return lock if lock.acquire(make=make) else None
+            lock.acquire()
         except OSError as exc:
             raise StoreError(f"cannot lock task {task_id!r}: {exc.strerror}") from None
+        return lock
 
 
 class _Write:

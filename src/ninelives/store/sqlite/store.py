@@ -205,9 +205,10 @@ class SQLiteStore(SQLiteBase, commits.SharedCommits):
         """The task's lock if it can be taken before the claim's checks without
         making anything; None leaves it to the claim (a folder to refuse is
         refused there, after the checks that come first)."""
+        lock = TaskLock(self.path, task_id)
         try:
-            return self._lock(task_id, make=False)
-        except StoreError:
+            return lock if lock.acquire(make=False) else None
+        except (OSError, StoreError):
             return None
 
     def claim_next(
